@@ -1,0 +1,22 @@
+"""Exception classes. Every message raised by kvcanary starts with ``kv-canary:`` (SPEC §9)."""
+
+from __future__ import annotations
+
+PREFIX = "kv-canary: "
+
+
+class KvCanaryDTypeError(TypeError, ValueError):
+    """A wrong dtype. Derives from both ``TypeError`` and ``ValueError`` so either ``except`` catches it."""
+
+
+class CudaBackendUnavailableError(RuntimeError):
+    """Arrays live on a CUDA device but the CUDA backend (CuPy) cannot be used."""
+
+
+def invalid(message: str) -> ValueError:
+    """A ``ValueError`` with the ``kv-canary:`` prefix."""
+    return ValueError(PREFIX + message)
+
+
+def wrong_dtype(name: str, expected: str, actual: str) -> KvCanaryDTypeError:
+    return KvCanaryDTypeError(f"{PREFIX}{name} must have dtype {expected}, got {actual}")
