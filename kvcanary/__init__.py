@@ -5,6 +5,8 @@ is read; mismatches land in a device-side violation log. Same on-device format a
 (see SPEC.md). Runs on the CPU (NumPy reference) or on CUDA (CuPy JIT kernels).
 """
 
+from . import faults
+from .canary import KVCanary, SwaConfig
 from .consts import (
     CanaryLaunchTag,
     FailReason,
@@ -13,13 +15,17 @@ from .consts import (
     splitmix64,
     splitmix64_mix3,
 )
+from .cuda.loader import warmup
 from .errors import CudaBackendUnavailableError, KvCanaryDTypeError
+from .health import CanaryHealth, CanaryNotRunningError, CanaryWatchdog, TagCounters
 from .ops import (
     launch_canary_plan_kernels,
     launch_canary_verify_kernel,
     launch_canary_write_kernel,
     launch_scatter_req_token_ids_kernel,
 )
+from .planner import CanaryPlanner, device_sm_count, launch_grid_blocks
+from .report import CanaryViolationError, Violation
 from .structs import (
     RealKvSource,
     VerifyOrWriteContext,
@@ -33,6 +39,18 @@ from .structs import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CanaryHealth",
+    "CanaryNotRunningError",
+    "CanaryPlanner",
+    "CanaryViolationError",
+    "CanaryWatchdog",
+    "KVCanary",
+    "SwaConfig",
+    "TagCounters",
+    "Violation",
+    "device_sm_count",
+    "faults",
+    "launch_grid_blocks",
     "CanaryLaunchTag",
     "CudaBackendUnavailableError",
     "FailReason",
@@ -52,4 +70,5 @@ __all__ = [
     "launch_scatter_req_token_ids_kernel",
     "splitmix64",
     "splitmix64_mix3",
+    "warmup",
 ]

@@ -84,7 +84,9 @@ class ArrayView:
         return math.prod(self.shape)
 
     def is_contiguous(self) -> bool:
-        """C-contiguous in the torch sense: size-1 dimensions may have any stride."""
+        """C-contiguous in the torch sense: size-1 dimensions may have any stride; an empty array is contiguous."""
+        if self.numel == 0:
+            return True
         expected = 1
         for size, stride in zip(reversed(self.shape), reversed(self.strides)):
             if size != 1 and stride != expected:

@@ -1,0 +1,497 @@
+#!/usr/bin/env python3
+"""Benchmark of the CUDA kernels (issue 3): plan, verify, write and scatter on the four serving shapes.
+
+Usage (on a CUDA machine, from the repository root)::
+
+    PYTHONPATH=. python3 bench/bench_cuda.py            # all shapes, real-KV NONE and PARTIAL
+    PYTHONPATH=. python3 bench/bench_cuda.py --shapes A,C --modes NONE --layouts shuffled --runs 50
+
+Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` new tokens; page size 1):
+
+* A decode: 256 x prefix 4096, extend 1 (1,048,576 verify entries)
+* B decode: 1024 x prefix 8192, extend 1 (8,388,608 verify entries)
+* C prefill: 1 request, prefix 0, extend 32,768 (one 32,768-token write chain)
+* D mixed: 16 x prefix 1024, extend 2048
+
+Real-KV: NONE, and PARTIAL with one source of 256-byte rows (``uint8 [num_slots, 256]``, page size 1). Slot
+layouts (``--layouts``): ``contiguous`` (a request's slots are consecutive) and ``shuffled`` (a random
+permutation of the pool).
+
+For every case the script stamps the prefix (a write of the whole prefix), then checks that one
+plan -> verify -> write step is clean (no violation; plan counts as expected), that a verify of every
+position afterwards is clean, and that flipping one stored token is caught (exactly one chain violation, on
+its successor) - then restores the buffer. Only then does it time each op through the public
+``kvcanary.launch_*`` functions on torch CUDA tensors:
+
+* eager: each launch alone, median over ``--runs`` launches after ``--warmup``; before each launch the L2 is
+  flushed (a 256 MiB memset) and the GPU is kept busy with ``torch.cuda._sleep`` long enough to cover the
+  host-side validation and launch, so the CUDA events bracket GPU time only;
+* graph: up to ``--graph-reps`` launches of the op (fewer when one launch exceeds 100 µs, so a replay stays
+  near 2 ms) captured in one ``torch.cuda.CUDAGraph``, replayed ``--runs`` times; per-launch time = median
+  replay time / reps (back to back, L2 left warm).
+
+Bandwidth uses nominal bytes per unit of work (the issue's model): plan 36 B per verify entry (four int64
+fields written, one int32 ``req_to_token`` read), verify 88 B per entry (four plan fields, the slot's 32-byte
+record, 24 bytes of the predecessor's), write 56 B per token (three int64 inputs, one 32-byte record),
+scatter 12 B per token (int64 in, int32 out). PARTIAL's 16 real-KV bytes per entry/token are not counted.
+"% copy" compares with a device-to-device copy (``torch.Tensor.copy_``, bytes read + written) measured in
+the same run. Write's "ns/token" is the launch time divided by ``extend`` (the serial chain length; the
+chains of different requests run in parallel).
+
+The markdown table is printed last and, when ``$OUT`` is set (or ``--out`` is given), written to
+``$OUT/bench.md``. Exit status 1 if any correctness check failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+import kvcanary
+from kvcanary import (
+    LaunchTag,
+    RealKvHashMode,
+    RealKvSource,
+    VerifyPlan,
+    ViolationLog,
+    WritePlan,
+    allocate_canary_buffer,
+    allocate_chain_position_flag,
+)
+
+SHAPES = {
+    "A": dict(bs=256, prefix=4096, extend=1, what="decode"),
+    "B": dict(bs=1024, prefix=8192, extend=1, what="decode"),
+    "C": dict(bs=1, prefix=0, extend=32768, what="prefill"),
+    "D": dict(bs=16, prefix=1024, extend=2048, what="mixed"),
+}
+# Nominal bytes per unit of work (see the module docstring).
+BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12}
+REAL_KV_ROW_BYTES = 256
+TOKEN_VOCAB = 32000
+FLUSH_BYTES = 256 << 20
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------------------
+
+
+class Timer:
+    """CUDA-event timing with the GPU kept busy while the host enqueues (so events measure GPU time)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
+        # cycles of torch.cuda._sleep per microsecond, measured
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1000)
+        s.record()
+        torch.cuda._sleep(20_000_000)
+        e.record()
+        torch.cuda.synchronize()
+        self.cycles_per_us = 20_000_000 / (s.elapsed_time(e) * 1e3)
+
+    def _sleep_cycles(self, fn, calls: int = 3) -> int:
+        torch.cuda.synchronize()
+        host = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            host.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        us = max(50.0, 3e6 * max(host) + 20.0)
+        return int(us * self.cycles_per_us)
+
+    def eager(self, fn, *, runs: int, warmup: int, flush: bool = True) -> float:
+        """Median GPU microseconds of one ``fn()`` launch."""
+        for _ in range(warmup):
+            fn()
+        cycles = self._sleep_cycles(fn)
+        pairs = []
+        for _ in range(runs):
+            if flush:
+                self.flush_buf.zero_()
+            torch.cuda._sleep(cycles)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            fn()
+            e.record()
+            pairs.append((s, e))
+        torch.cuda.synchronize()
+        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
+
+    def graph(self, fn, *, runs: int, reps: int) -> float:
+        """Median GPU microseconds per launch with ``reps`` launches captured back to back in one graph."""
+        side = torch.cuda.Stream(device=self.device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(reps):
+                fn()
+        g.replay()
+        cycles = self._sleep_cycles(g.replay, calls=2)
+        pairs = []
+        for _ in range(runs):
+            torch.cuda._sleep(cycles)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            g.replay()
+            e.record()
+            pairs.append((s, e))
+        torch.cuda.synchronize()
+        del g
+        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) / reps
+
+
+def copy_bandwidth(timer: Timer, runs: int) -> float:
+    """Device-to-device copy bandwidth in GB/s, counting bytes read + written."""
+    n = 1 << 30
+    src = torch.empty(n, dtype=torch.uint8, device=timer.device).random_(0, 256)
+    dst = torch.empty_like(src)
+    us = timer.eager(lambda: dst.copy_(src), runs=runs, warmup=3, flush=False)
+    del src, dst
+    return 2 * n / (us * 1e3)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One benchmark case: a shape and a real-KV mode, with its buffers
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+class Case:
+    def __init__(self, shape: str, mode: RealKvHashMode, layout: str, device: torch.device, seed: int):
+        p = SHAPES[shape]
+        self.shape, self.mode, self.device = shape, mode, device
+        self.bs, self.prefix, self.extend = p["bs"], p["prefix"], p["extend"]
+        bs, prefix, extend = self.bs, self.prefix, self.extend
+        L = self.L = prefix + extend
+        self.num_slots = 1 + bs * L  # slot 0 is the padding slot, never used by a real request
+        g = torch.Generator(device=device)
+        g.manual_seed(seed)
+        flat = torch.arange(1, self.num_slots, dtype=torch.int64, device=device)
+        if layout == "shuffled":
+            flat = flat[torch.randperm(bs * L, generator=g, device=device)]
+        self.slots = flat.view(bs, L)
+        self.tokens = torch.randint(0, TOKEN_VOCAB, (bs, L), generator=g, device=device, dtype=torch.int64)
+        self.positions = torch.arange(L, dtype=torch.int64, device=device).expand(bs, L)
+
+        self.req_to_token = torch.zeros((bs + 1, L), dtype=torch.int32, device=device)  # row 0: padding
+        self.req_to_token[1:] = self.slots.to(torch.int32)
+        self.rpi = torch.arange(1, bs + 1, dtype=torch.int64, device=device)
+
+        self.canary = allocate_canary_buffer(self.num_slots, device=device)
+        self.log = ViolationLog.allocate(ring_capacity=4096, device=device)
+        self.flag = allocate_chain_position_flag(1, device=device)
+        sources = ()
+        if mode != RealKvHashMode.NONE:
+            self.kv = torch.randint(0, 256, (self.num_slots, REAL_KV_ROW_BYTES), generator=g, device=device,
+                                    dtype=torch.uint8)
+            sources = (RealKvSource(tensor=self.kv, page_size=1, num_bytes_per_token=REAL_KV_ROW_BYTES,
+                                    read_bytes=REAL_KV_ROW_BYTES),)
+        self.ctx = self.log.context(canary_buf=self.canary, kernel_kind=LaunchTag.TAIL_K_FULL,
+                                    real_kv_sources=sources, real_kv_hash_mode=mode,
+                                    enable_chain_position_assert=self.flag)
+
+        # The timed step: verify the prefix, write the `extend` new tokens.
+        self.step_prefix = torch.full((bs,), prefix, dtype=torch.int64, device=device)
+        self.step_extend = torch.full((bs,), extend, dtype=torch.int64, device=device)
+        self.vcap = max(1, bs * prefix)
+        self.vplan = VerifyPlan.allocate(verify_capacity=self.vcap, device=device)
+        self.wplan = WritePlan.allocate(write_req_capacity=bs, device=device)
+        self.step_ids = self.tokens[:, prefix:].reshape(-1).contiguous()
+        self.step_pos = self.positions[:, prefix:].reshape(-1).contiguous()
+        self.step_loc = self.slots[:, prefix:].reshape(-1).contiguous()
+
+        # Scatter: every request's whole token row into an expected-token pool.
+        self.scatter_in = self.tokens.reshape(-1).contiguous()
+        self.scatter_offsets = torch.arange(0, bs * L + 1, L, dtype=torch.int64, device=device)
+        self.scatter_pool = torch.full((bs + 1, L), -7, dtype=torch.int32, device=device)
+
+    # ---- the public ops, bound to this case's buffers
+    def plan(self, vplan=None, prefix_lens=None, extend_lens=None, wplan=None):
+        vplan = vplan or self.vplan
+        kvcanary.launch_canary_plan_kernels(
+            verify_plan_out=vplan,
+            write_plan_out=wplan or self.wplan,
+            req_pool_indices=self.rpi,
+            prefix_lens=self.step_prefix if prefix_lens is None else prefix_lens,
+            extend_seq_lens=self.step_extend if extend_lens is None else extend_lens,
+            req_to_token=self.req_to_token,
+            swa_window_size=0,
+            full_to_swa_index_mapping=None,
+            verify_capacity=vplan.capacity,
+            req_to_verify_expected_tokens=None,
+            req_to_verify_expected_tokens_valid_lens=None,
+            kv_token_id_vs_position_offset=0,
+        )
+
+    def verify(self, vplan=None):
+        kvcanary.launch_canary_verify_kernel(context=self.ctx, plan=vplan or self.vplan,
+                                             check_verify_expected_token=False)
+
+    def write(self, ids=None, pos=None, loc=None, wplan=None):
+        kvcanary.launch_canary_write_kernel(
+            context=self.ctx,
+            plan=wplan or self.wplan,
+            input_ids=self.step_ids if ids is None else ids,
+            positions=self.step_pos if pos is None else pos,
+            out_cache_loc=self.step_loc if loc is None else loc,
+            enable_write_input_assert=False,
+            expected_input_tokens=None,
+            expected_input_positions=None,
+        )
+
+    def scatter(self):
+        kvcanary.launch_scatter_req_token_ids_kernel(flat_in=self.scatter_in, offsets=self.scatter_offsets,
+                                                     req_pool_indices=self.rpi, pool_out=self.scatter_pool)
+
+    def violations(self) -> int:
+        return int(self.log.violation_write_index.item())
+
+    def reset_log(self) -> None:
+        self.log.violation_write_index.zero_()
+        self.log.violation_ring.zero_()
+
+    # ---- set-up and correctness checks (not timed)
+    def stamp_prefix(self) -> None:
+        """Write the whole prefix of every request (positions 0..prefix-1) so the step verifies real records."""
+        if self.prefix == 0:
+            return
+        zeros = torch.zeros_like(self.step_prefix)
+        setup_w = WritePlan.allocate(write_req_capacity=self.bs, device=self.device)
+        setup_v = VerifyPlan.allocate(verify_capacity=1, device=self.device)
+        self.plan(vplan=setup_v, prefix_lens=zeros, extend_lens=torch.full_like(zeros, self.prefix), wplan=setup_w)
+        p = self.prefix
+        self.write(ids=self.tokens[:, :p].reshape(-1).contiguous(), pos=self.positions[:, :p].reshape(-1).contiguous(),
+                   loc=self.slots[:, :p].reshape(-1).contiguous(), wplan=setup_w)
+
+    def check(self) -> list[Check]:
+        out = []
+        bs, prefix, extend, L = self.bs, self.prefix, self.extend, self.L
+        self.reset_log()
+        self.stamp_prefix()
+        self.plan()
+        self.verify()
+        self.write()
+        torch.cuda.synchronize()
+        nv, en = int(self.vplan.verify_num_valid.item()), int(self.vplan.enable.item())
+        total = int(self.wplan.write_offsets[bs].item())
+        out.append(Check("step", self.violations() == 0 and nv == bs * prefix and en == 1 and total == bs * extend,
+                         f"violations={self.violations()} verify_num_valid={nv} (want {bs * prefix}) enable={en} "
+                         f"write total={total} (want {bs * extend})"))
+
+        # Every position, including the ones the step just wrote, verifies clean.
+        full_v = VerifyPlan.allocate(verify_capacity=bs * L, device=self.device)
+        full_w = WritePlan.allocate(write_req_capacity=bs, device=self.device)
+        self.plan(vplan=full_v, prefix_lens=torch.full_like(self.step_prefix, L),
+                  extend_lens=torch.zeros_like(self.step_extend), wplan=full_w)
+        self.verify(vplan=full_v)
+        torch.cuda.synchronize()
+        nv = int(full_v.verify_num_valid.item())
+        out.append(Check("all positions", self.violations() == 0 and nv == bs * L,
+                         f"violations={self.violations()} entries={nv} (want {bs * L})"))
+
+        # Negative control: one flipped token bit is caught on its successor's chain hash, exactly once.
+        if L >= 2:
+            victim = int(self.slots[bs // 2, L // 2 - 1].item())
+            self.canary[victim, 0] ^= 1
+            self.verify(vplan=full_v)
+            torch.cuda.synchronize()
+            n = self.violations()
+            row = self.log.violation_ring[0].tolist()
+            succ = int(self.slots[bs // 2, L // 2].item())
+            self.canary[victim, 0] ^= 1
+            out.append(Check("flipped token caught", n == 1 and row[1] == succ and row[7] & 1 == 1,
+                             f"violations={n} row={row} (want slot {succ}, chain bit)"))
+        del full_v, full_w
+
+        # Scatter fills each request's row with its tokens.
+        self.scatter()
+        torch.cuda.synchronize()
+        good = bool(torch.equal(self.scatter_pool[1:], self.tokens.to(torch.int32)))
+        out.append(Check("scatter", good and bool((self.scatter_pool[0] == -7).all()), f"rows equal={good}"))
+
+        self.reset_log()
+        return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    shape: str
+    layout: str
+    mode: str
+    op: str
+    units: int
+    eager_us: float
+    graph_us: float | None
+
+
+def fmt(x, spec=".1f"):
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows: list[Row], copy_gbs: float) -> str:
+    head = ("| shape | layout | real-KV | kernel | units | B/unit | eager µs | eager GB/s | eager % copy | graph µs "
+            "| graph GB/s | graph % copy | ns/token |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        bpu = BYTES_PER_UNIT[r.op]
+        gbs = lambda us: None if (us is None or r.units == 0) else bpu * r.units / (us * 1e3)  # noqa: E731
+        eg, gg = gbs(r.eager_us), gbs(r.graph_us)
+        pct = lambda x: None if x is None else 100 * x / copy_gbs  # noqa: E731
+        ns_tok = None
+        if r.op == "write":
+            ext = SHAPES[r.shape]["extend"]
+            best = min(x for x in (r.eager_us, r.graph_us) if x is not None)
+            ns_tok = best * 1e3 / ext
+        lines.append(
+            f"| {r.shape} | {r.layout} | {r.mode} | {r.op} | {r.units:,} | {bpu} | {fmt(r.eager_us, '.2f')} | {fmt(eg, '.0f')} "
+            f"| {fmt(pct(eg))} | {fmt(r.graph_us, '.2f')} | {fmt(gg, '.0f')} | {fmt(pct(gg))} | {fmt(ns_tok)} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default="A,B,C,D")
+    ap.add_argument("--modes", default="NONE,PARTIAL")
+    ap.add_argument("--layouts", default="contiguous,shuffled",
+                    help="slot layouts to run: contiguous (a request's slots are consecutive, so the "
+                         "predecessor's record is usually in the same cache line) and/or shuffled (a random "
+                         "permutation of the pool, every record read is its own memory access)"),
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--graph-reps", type=int, default=20)
+    ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--out", default=None, help="markdown file (default: $OUT/bench.md when OUT is set)")
+    ap.add_argument("--seed", type=int, default=20240601)
+    args = ap.parse_args(argv)
+    if args.runs < 20:
+        ap.error("--runs must be at least 20")
+    if not torch.cuda.is_available():
+        print("bench_cuda: no CUDA device", file=sys.stderr)
+        return 2
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    props = torch.cuda.get_device_properties(dev)
+    try:
+        import cupy  # noqa: PLC0415
+        cupy_version = cupy.__version__
+    except ImportError:
+        cupy_version = "missing"
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = [
+        f"GPU: {props.name} ({props.multi_processor_count} SMs, {props.total_memory / 2**30:.0f} GiB), "
+        f"torch {torch.__version__}, CuPy {cupy_version}, kvcanary {kvcanary.__version__}, "
+        f"Python {platform.python_version()}, {when}",
+        f"command: bench/bench_cuda.py {' '.join(argv if argv is not None else sys.argv[1:])}".rstrip(),
+        f"layouts {args.layouts}, page size 1, eager: median of {args.runs} (L2 flushed), "
+        f"graph: up to {args.graph_reps} launches per replay (about 2 ms), median of {args.runs} replays",
+    ]
+    for line in header:
+        print(line, flush=True)
+
+    if hasattr(kvcanary, "warmup"):
+        t0 = time.perf_counter()
+        kvcanary.warmup(device=dev)
+        torch.cuda.synchronize()
+        print(f"kvcanary.warmup: {time.perf_counter() - t0:.1f} s", flush=True)
+
+    timer = Timer(dev)
+    copy_gbs = copy_bandwidth(timer, args.runs)
+    header.append(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write, 1 GiB, median of {args.runs})")
+    print(header[-1], flush=True)
+
+    rows: list[Row] = []
+    failures: list[str] = []
+    modes = [RealKvHashMode[m.strip().upper()] for m in args.modes.split(",")]
+    layouts = [x.strip().lower() for x in args.layouts.split(",")]
+    for x in layouts:
+        if x not in ("contiguous", "shuffled"):
+            ap.error(f"--layouts: unknown layout {x!r} (contiguous, shuffled)")
+    combos = [(s.strip().upper(), lay, m) for s in args.shapes.split(",") for lay in layouts for m in modes]
+    for shape, layout, mode in combos:
+        p = SHAPES[shape]
+        t0 = time.perf_counter()
+        case = Case(shape, mode, layout, dev, args.seed)
+        checks = case.check()
+        for c in checks:
+            if not c.ok:
+                failures.append(f"{shape}/{layout}/{mode.name} {c.name}: {c.detail}")
+        status = "clean" if all(c.ok for c in checks) else "FAILED " + "; ".join(
+            f"{c.name}: {c.detail}" for c in checks if not c.ok)
+        print(f"[{shape} {p['what']} {p['bs']}x{p['prefix']}+{p['extend']} {layout} {mode.name}] checks: {status} "
+              f"({time.perf_counter() - t0:.1f} s)", flush=True)
+        ops = {
+            "plan": (case.plan, case.bs * case.prefix),
+            "verify": (case.verify, case.bs * case.prefix),
+            "write": (case.write, case.bs * case.extend),
+            "scatter": (case.scatter, case.bs * case.L),
+        }
+        for op, (fn, units) in ops.items():
+            eager = timer.eager(fn, runs=args.runs, warmup=args.warmup)
+            graph = None
+            if not args.no_graph:
+                # keep one replay near 2 ms: long serial chains (C's write) need few launches
+                reps = max(1, min(args.graph_reps, int(2000 / max(eager, 1e-3))))
+                try:
+                    graph = timer.graph(fn, runs=args.runs, reps=reps)
+                except Exception as e:  # report, keep benchmarking the rest
+                    failures.append(f"{shape}/{layout}/{mode.name} {op}: graph capture failed: "
+                                    f"{type(e).__name__}: {e}")
+                    torch.cuda.synchronize()
+            rows.append(Row(shape, layout, mode.name, op, units, eager, graph))
+            print(f"  {op:8s} units {units:>10,}  eager {eager:9.2f} µs  graph {fmt(graph, '9.2f')} µs",
+                  flush=True)
+        torch.cuda.synchronize()
+        after = case.violations()
+        if after:
+            failures.append(f"{shape}/{layout}/{mode.name}: {after} violations after the timed runs")
+        del case
+        torch.cuda.empty_cache()
+
+    md = table(rows, copy_gbs)
+    notes = [
+        "",
+        "Bytes per unit: plan 36 B per verify entry, verify 88 B per entry, write 56 B per token, scatter 12 B "
+        "per token; PARTIAL's 16 real-KV bytes per entry/token are not counted. ns/token = write time "
+        "(better of eager and graph) / extend.",
+        "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures)),
+    ]
+    text = "\n".join(header) + "\n\n" + md + "\n" + "\n".join(notes) + "\n"
+    print()
+    print(text, flush=True)
+    out = args.out or (os.path.join(os.environ["OUT"], "bench.md") if os.environ.get("OUT") else None)
+    if out:
+        with open(out, "w") as f:
+            f.write(text)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,23 @@
+"""Command line: ``python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S]``."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S]\n\n"
+              "  demo   drive a KVCanary through a simulated serving workload, then run every fault injector")
+        return 0 if argv else 2
+    if argv[0] == "demo":
+        from .demo import main as demo_main  # noqa: PLC0415
+
+        return demo_main(argv[1:])
+    print(f"kv-canary: unknown command {argv[0]!r}; try: python -m kvcanary demo", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

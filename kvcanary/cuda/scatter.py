@@ -1,0 +1,28 @@
+"""Scatter request token ids (SPEC §8) on CUDA: launches ``kvc_scatter`` of ``kernels_cu/scatter.cu``.
+
+CPU twin: :mod:`kvcanary.reference.scatter`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..validation import ScatterLaunch
+from .launch import i64, launch, ptr
+from .loader import kernel, sm_count
+from .specs import int_define, spec_for
+
+_SRC = "scatter.cu"
+
+
+def scatter(launch_rec: ScatterLaunch, stream: Any = None) -> None:
+    """Copy each request's token ids into its pool row on the arrays' CUDA device, on ``stream``."""
+    rec = launch_rec
+    dev = rec.device
+    bs = rec.req_pool_indices.shape[0]
+    grid = max(1, min(bs, sm_count(dev.index) * int_define(_SRC, "KVC_SCATTER_BLOCKS_PER_SM")))
+    max_reqs, cols = rec.pool_out.shape
+    args = (ptr(rec.flat_in), i64(rec.flat_in.shape[0]), ptr(rec.offsets), ptr(rec.req_pool_indices), i64(bs),
+            ptr(rec.pool_out), i64(max_reqs), i64(cols))
+    launch(kernel(spec_for("scatter"), "kvc_scatter", dev.index), grid, int_define(_SRC, "KVC_SCATTER_THREADS"),
+           args, dev, stream)

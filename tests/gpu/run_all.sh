@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# The one script to run on the GPU machine (issue 3): from the repository root,
+#
+#     OUT=/some/dir bash tests/gpu/run_all.sh          # OUT defaults to ./gpu_run_out
+#
+# 1. tests      - the whole test suite, GPU tests included:       python3 -m pytest -q tests
+# 2. memcheck   - the GPU tests again under compute-sanitizer --tool memcheck, with KVCANARY_GPU_SMALL=1
+#                 (the GPU tests shrink their sizes: tests/gpu/gpu_util.size) and PyTorch's caching allocator off, so every tensor
+#                 is its own cudaMalloc and an out-of-bounds access is not hidden inside a pooled block
+# 3. racecheck  - the GPU tests of the kernel families whose sources use __shared__ (found by grepping
+#                 kernels_cu/), under compute-sanitizer --tool racecheck
+# 4. bench      - bench/bench_cuda.py (writes $OUT/bench.md)
+#
+# Logs: $OUT/tests.log, memcheck.log, racecheck.log, bench.log, bench.md, summary.md (6 files). The summary
+# table (part, result, seconds, sanitizer errors) is printed last. Exit status 0 only when every part
+# passed and the sanitizers reported zero errors.
+#
+# Knobs (environment): RUN_PARTS (default "tests memcheck racecheck bench"), T_TESTS / T_MEMCHECK /
+# T_RACECHECK / T_BENCH (timeouts in seconds, default 210 / 160 / 70 / 100, about 9 minutes in all),
+# SANITIZER_K (a pytest -k expression narrowing the memcheck pass), SANITIZER_SMALL (default 1: the value of
+# KVCANARY_GPU_SMALL under the sanitizers; 0 = full sizes), BENCH_ARGS (extra bench arguments).
+# Seen on one H200 (2026-12-02): the four parts took about 40 + 10 + 10 + 11 s.
+set -u -o pipefail
+cd "$(dirname "$0")/../.."
+
+OUT="${OUT:-$PWD/gpu_run_out}"
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1
+PY="${PY:-python3}"
+RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench}"
+T_TESTS="${T_TESTS:-210}"
+T_MEMCHECK="${T_MEMCHECK:-160}"
+T_RACECHECK="${T_RACECHECK:-70}"
+T_BENCH="${T_BENCH:-100}"
+SANITIZER_SMALL="${SANITIZER_SMALL:-1}"
+
+SANITIZER="$(command -v compute-sanitizer || true)"
+if [[ -z "$SANITIZER" ]]; then
+    for c in /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+        [[ -x "$c" ]] && SANITIZER="$c" && break
+    done
+fi
+
+SUMMARY=()   # rows "part|result|seconds|sanitizer errors"
+FAILED=0
+
+{
+    echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+    nvidia-smi -L 2>/dev/null || echo "nvidia-smi: not available"
+    "$PY" - <<'EOF' 2>&1
+import platform, torch
+print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda,
+      "gpu", torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none")
+try:
+    import cupy
+    print("cupy", cupy.__version__)
+except Exception as e:
+    print("cupy: not importable:", e)
+EOF
+    echo "compute-sanitizer: ${SANITIZER:-not found}"
+} | tee "$OUT/summary.md"
+
+# Count sanitizer errors: the sum over every "ERROR SUMMARY: N error(s)" line (memcheck: one per sanitized
+# process) and every "RACECHECK SUMMARY: H hazards displayed (E errors, W warnings)" line's E. "?" when the
+# log has neither (the sanitizer did not finish: timeout, crash).
+sanitizer_errors() {
+    if ! grep -Eq '(ERROR|RACECHECK) SUMMARY' "$1"; then
+        echo "?"
+        return
+    fi
+    {
+        grep -Eo 'ERROR SUMMARY: [0-9]+ error' "$1" | grep -Eo '[0-9]+'
+        grep -Eo 'RACECHECK SUMMARY: .*\([0-9]+ error' "$1" | grep -Eo '[0-9]+ error' | grep -Eo '[0-9]+'
+    } | awk '{s += $1} END {print s + 0}'
+}
+
+# Racecheck warnings (potential hazards, reported but not counted as errors).
+racecheck_warnings() {
+    grep -Eo 'RACECHECK SUMMARY: .*[0-9]+ warning' "$1" | grep -Eo '[0-9]+ warning' | grep -Eo '[0-9]+' |
+        awk '{s += $1} END {print s + 0}'
+}
+
+# pytest's closing line, e.g. "412 passed, 3 skipped in 80.1s"
+pytest_tail() {
+    grep -E '^(=+ )?([0-9]+ (passed|failed|errors?|skipped|deselected)|no tests ran)' "$1" | tail -n 1 | sed -E 's/=+//g; s/^ +| +$//g'
+}
+
+# run_part NAME TIMEOUT LOGFILE CMD...: run with a timeout, log stdout+stderr, return the exit status.
+run_part() {
+    local name=$1 t=$2 log=$3
+    shift 3
+    echo
+    echo "=== $name: $* (timeout ${t}s)"
+    local start=$SECONDS
+    timeout --signal=TERM --kill-after=15 "$t" "$@" >"$log" 2>&1
+    local rc=$?
+    PART_SECONDS=$((SECONDS - start))
+    tail -n 25 "$log"
+    if [[ $rc -eq 124 || $rc -eq 137 ]]; then
+        echo "=== $name: TIMEOUT after ${t}s"
+    fi
+    return $rc
+}
+
+result_word() {  # rc -> word
+    case $1 in
+        0) echo "pass" ;;
+        124 | 137) echo "TIMEOUT" ;;
+        *) echo "FAIL (rc $1)" ;;
+    esac
+}
+
+has_part() { [[ " $RUN_PARTS " == *" $1 "* ]]; }
+
+# ---- 1. the whole suite
+if has_part tests; then
+    run_part tests "$T_TESTS" "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider tests
+    rc=$?
+    [[ $rc -ne 0 ]] && FAILED=1
+    SUMMARY+=("tests|$(result_word $rc): $(pytest_tail "$OUT/tests.log")|$PART_SECONDS|-")
+fi
+
+# ---- 2. memcheck over the GPU tests
+if has_part memcheck; then
+    if [[ -z "$SANITIZER" ]]; then
+        SUMMARY+=("memcheck|NOT RUN: compute-sanitizer not found|0|?")
+        FAILED=1
+    else
+        kargs=()
+        [[ -n "${SANITIZER_K:-}" ]] && kargs=(-k "$SANITIZER_K")
+        KVCANARY_GPU_SMALL="$SANITIZER_SMALL" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+            run_part memcheck "$T_MEMCHECK" "$OUT/memcheck.log" \
+            "$SANITIZER" --tool memcheck --error-exitcode 97 --print-limit 100 \
+            "$PY" -m pytest -q -p no:cacheprovider tests/gpu "${kargs[@]}"
+        rc=$?
+        errs=$(sanitizer_errors "$OUT/memcheck.log")
+        [[ $rc -ne 0 || "$errs" != "0" ]] && FAILED=1
+        SUMMARY+=("memcheck|$(result_word $rc): $(pytest_tail "$OUT/memcheck.log")|$PART_SECONDS|$errs")
+    fi
+fi
+
+# ---- 3. racecheck over the families that use shared memory
+if has_part racecheck; then
+    families=()
+    for f in kernels_cu/*.cu; do
+        [[ -e "$f" ]] || continue
+        # a family uses shared memory if its file or a header it includes declares __shared__
+        srcs=("$f")
+        while read -r h; do [[ -f "kernels_cu/$h" ]] && srcs+=("kernels_cu/$h"); done \
+            < <(grep -Eo '#include "[^"]+"' "$f" | sed -E 's/#include "(.*)"/\1/')
+        if grep -q '__shared__' "${srcs[@]}"; then
+            families+=("$(basename "$f" .cu)")
+        fi
+    done
+    if [[ ${#families[@]} -eq 0 ]]; then
+        SUMMARY+=("racecheck|not needed: no kernel uses __shared__|0|-")
+    elif [[ -z "$SANITIZER" ]]; then
+        SUMMARY+=("racecheck|NOT RUN: compute-sanitizer not found|0|?")
+        FAILED=1
+    else
+        kexpr=$(printf ' or %s' "${families[@]}")
+        kexpr=${kexpr# or }
+        KVCANARY_GPU_SMALL="$SANITIZER_SMALL" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
+            run_part "racecheck [$kexpr]" "$T_RACECHECK" "$OUT/racecheck.log" \
+            "$SANITIZER" --tool racecheck --error-exitcode 97 --print-limit 100 \
+            "$PY" -m pytest -q -p no:cacheprovider tests/gpu -k "$kexpr"
+        rc=$?
+        errs=$(sanitizer_errors "$OUT/racecheck.log")
+        [[ $rc -ne 0 || "$errs" != "0" ]] && FAILED=1
+        warns=$(racecheck_warnings "$OUT/racecheck.log")
+        SUMMARY+=("racecheck ($kexpr)|$(result_word $rc): $(pytest_tail "$OUT/racecheck.log"); $warns hazard warnings|$PART_SECONDS|$errs")
+    fi
+fi
+
+# ---- 4. benchmark
+if has_part bench; then
+    # shellcheck disable=SC2086
+    run_part bench "$T_BENCH" "$OUT/bench.log" "$PY" bench/bench_cuda.py ${BENCH_ARGS:-}
+    rc=$?
+    [[ $rc -ne 0 ]] && FAILED=1
+    SUMMARY+=("bench|$(result_word $rc)$(grep -q '^checks: all clean' "$OUT/bench.log" && echo ', checks clean')|$PART_SECONDS|-")
+fi
+
+{
+    echo
+    echo "| part | result | seconds | sanitizer errors |"
+    echo "|---|---|---|---|"
+    for row in "${SUMMARY[@]}"; do
+        IFS='|' read -r p r s e <<<"$row"
+        echo "| $p | $r | $s | $e |"
+    done
+    echo
+    [[ $FAILED -eq 0 ]] && echo "run_all: ALL PASSED" || echo "run_all: FAILURES (see the logs in $OUT)"
+} | tee -a "$OUT/summary.md"
+exit $FAILED

@@ -1,0 +1,223 @@
+"""KVCanary on CUDA: a full HEAD/TAIL step captured in a CUDA graph and replayed equals the eager steps;
+the simulated workload gives the same records and violations on CUDA as on the CPU; every fault is caught.
+
+Skipped without CuPy or a CUDA GPU (also by tests/gpu/conftest.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+cp = pytest.importorskip("cupy")
+if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
+    pytest.skip("no CUDA GPU", allow_module_level=True)
+
+import kvcanary as kc  # noqa: E402
+from kvcanary import CanaryLaunchTag as T  # noqa: E402
+from kvcanary import FailReason as F  # noqa: E402
+from kvcanary import faults  # noqa: E402
+from kvcanary.simulate import FAULT_NAMES, ServingSimulation, SimConfig, run_fault_scenario  # noqa: E402
+
+DEV = torch.device("cuda", 0)
+PAGE, DIM = 4, 16                      # 16 int16 = 32 bytes of K (and of V) per token
+NUM_SLOTS, SWA_SLOTS, WINDOW = 256, 128, 4
+MAX_REQS, MAX_SEQ = 6, 64
+ROWS = [1, 2, 3, 4]                    # live request rows; the batch adds 2 padding rows
+BS = len(ROWS) + 2
+
+
+class GraphEngine:
+    """A fixed-shape decode engine: 4 requests decoding one token per step, padded to 6 rows, so one
+    captured graph serves every decode step after the batch tensors are refilled in place."""
+
+    def __init__(self):
+        def pool(slots):
+            return torch.zeros((slots // PAGE, PAGE, DIM), dtype=torch.int16, device=DEV)
+
+        def src(t):
+            return kc.RealKvSource(tensor=t, page_size=PAGE, num_bytes_per_token=2 * DIM, read_bytes=2 * DIM)
+
+        self.k, self.v, self.sk, self.sv = pool(NUM_SLOTS), pool(NUM_SLOTS), pool(SWA_SLOTS), pool(SWA_SLOTS)
+        self.k_src = src(self.k)
+        # Every FULL slot used here (< SWA_SLOTS) has the SWA slot of the same number.
+        self.lut = torch.zeros(NUM_SLOTS + 1, dtype=torch.int64, device=DEV)
+        self.lut[1:SWA_SLOTS] = torch.arange(1, SWA_SLOTS, device=DEV)
+        self.canary = kc.KVCanary(
+            num_slots=NUM_SLOTS, max_batch_size=8, max_tokens_per_step=64, device=DEV,
+            k_sources=(self.k_src,), v_sources=(src(self.v),),
+            swa=kc.SwaConfig(num_slots=SWA_SLOTS, window_size=WINDOW, full_to_swa_index_mapping=self.lut,
+                             k_sources=(src(self.sk),), v_sources=(src(self.sv),)),
+            mode="quiet", expected_tokens_shape=(MAX_REQS, MAX_SEQ))
+        self.r2t = torch.zeros((MAX_REQS, MAX_SEQ), dtype=torch.int32, device=DEV)
+        self.pool = torch.zeros((MAX_REQS, MAX_SEQ), dtype=torch.int32, device=DEV)
+        z = lambda: torch.zeros(BS, dtype=torch.int64, device=DEV)  # noqa: E731
+        self.static = dict(req_pool_indices=z(), prefix_lens=z(), extend_seq_lens=z(), req_to_token=self.r2t,
+                           input_ids=z(), positions=z(), out_cache_loc=z(), expected_tokens=self.pool,
+                           expected_tokens_valid_lens=z())
+
+    def forward(self, args):
+        """Write integer K/V for every token (padding tokens go to the dummy slot 0); no host sync."""
+        loc, ids, pos = args["out_cache_loc"], args["input_ids"], args["positions"]
+        j = torch.arange(DIM, device=DEV, dtype=torch.int64)
+        mixed = (ids[:, None] * 2654435761 + pos[:, None] * 40503 + j * 97) % 65521
+        k, v = (mixed - 32760).to(torch.int16), ((mixed * 7 + 13) % 65521 - 32760).to(torch.int16)
+        self.k.view(-1, DIM).index_copy_(0, loc, k)
+        self.v.view(-1, DIM).index_copy_(0, loc, v)
+        swa = self.lut.index_select(0, loc)
+        self.sk.view(-1, DIM).index_copy_(0, swa, k)
+        self.sv.view(-1, DIM).index_copy_(0, swa, v)
+
+    def eager(self, args):
+        self.canary.step("head", **args)
+        self.forward(args)
+        self.canary.step("tail", **args)
+
+
+def _prefill_args(lengths, rng):
+    """Variable-shape prefill of the 4 requests (eager); returns the batch and each request's tokens/slots."""
+    tokens, slots, ids, pos, loc = {}, {}, [], [], []
+    nxt = 1
+    for row, n in zip(ROWS, lengths):
+        tokens[row] = rng.integers(1, 30000, n).tolist()
+        slots[row] = list(range(nxt, nxt + n))
+        nxt += n + 16                  # room for the decode tokens of this request
+        ids += tokens[row]
+        pos += list(range(n))
+        loc += slots[row]
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEV)  # noqa: E731
+    args = dict(req_pool_indices=t(ROWS), prefix_lens=t([0] * 4), extend_seq_lens=t(lengths), input_ids=t(ids),
+                positions=t(pos), out_cache_loc=t(loc), expected_tokens_valid_lens=t(lengths))
+    return args, tokens, slots
+
+
+def _fill_decode(engine, tokens, slots, new_tokens):
+    """Refill the engine's static batch in place for one decode step (and its tables)."""
+    s = engine.static
+    rpi, pre, ext, ids, pos, loc, valid = [], [], [], [], [], [], []
+    for row, tok in zip(ROWS, new_tokens):
+        p = len(tokens[row])
+        slot = slots[row][0] + p
+        engine.r2t[row, p] = slot
+        engine.pool[row, p] = tok
+        rpi.append(row), pre.append(p), ext.append(1), ids.append(tok), pos.append(p), loc.append(slot)
+        valid.append(p + 1)
+    for _ in range(BS - len(ROWS)):  # padding rows: row 0, one dummy token written to slot 0
+        rpi.append(0), pre.append(0), ext.append(1), ids.append(0), pos.append(0), loc.append(0), valid.append(0)
+    for name, vals in (("req_pool_indices", rpi), ("prefix_lens", pre), ("extend_seq_lens", ext),
+                       ("input_ids", ids), ("positions", pos), ("out_cache_loc", loc),
+                       ("expected_tokens_valid_lens", valid)):
+        s[name].copy_(torch.tensor(vals, dtype=torch.int64))
+
+
+def _setup(engine, rng_seed):
+    rng = np.random.default_rng(rng_seed)
+    args, tokens, slots = _prefill_args([5, 7, 3, 6], rng)
+    for row in ROWS:
+        n = len(tokens[row])
+        engine.r2t[row, :n] = torch.tensor(slots[row], dtype=torch.int32)
+        engine.pool[row, :n] = torch.tensor(tokens[row], dtype=torch.int32)
+        slots[row] = [slots[row][0] + k for k in range(n + 16)]
+    engine.eager(dict(args, req_to_token=engine.r2t, expected_tokens=engine.pool))
+    return rng, tokens, slots
+
+
+def _sorted_rows(ring: torch.Tensor, n: int) -> list[list[int]]:
+    return sorted(ring[:n].cpu().tolist())
+
+
+def test_captured_head_tail_step_replays_like_eager():
+    eager, graphed = GraphEngine(), GraphEngine()
+    states = [_setup(e, 123) for e in (eager, graphed)]
+
+    # Warm-up (compiles every kernel) and capture, with the chain position assert off; then switch on.
+    for e in (eager, graphed):
+        _fill_decode(e, states[0][1], states[0][2], [0, 0, 0, 0])
+        e.static["req_pool_indices"].zero_()        # a padding-only batch: runs every launch, stamps nothing
+        with e.canary.warmup():
+            e.eager(e.static)
+    g = torch.cuda.CUDAGraph()
+    with graphed.canary.warmup():
+        with torch.cuda.graph(g):
+            graphed.canary.step("head", **graphed.static)
+            graphed.forward(graphed.static)
+            graphed.canary.step("tail", **graphed.static)
+    assert graphed.canary.chain_position_assert
+
+    rng = np.random.default_rng(7)
+    tokens = {row: list(states[0][1][row]) for row in ROWS}
+    slots = states[0][2]
+    expectations = []
+    for step in range(12):
+        new = rng.integers(1, 30000, 4).tolist()
+        for e in (eager, graphed):
+            _fill_decode(e, tokens, slots, new)
+        if step == 4:   # a stale page-table entry, in both engines
+            for e in (eager, graphed):
+                exp = faults.remap_req_to_token(e.r2t, req_pool_index=2, position=2, new_slot=slots[1][4])
+            expectations.append(exp)
+        if step == 7:   # a bit flip in a live slot's K
+            for e in (eager, graphed):
+                exp = faults.flip_real_kv_byte(e.k_src, slot=slots[3][1], byte=5)
+            expectations.append(exp)
+        g.replay()
+        graphed.canary.end_step()  # after every replay: stage this replay's copy, read the previous one
+        eager.eager(eager.static)
+        for row, tok in zip(ROWS, new):
+            tokens[row].append(tok)
+    torch.cuda.synchronize()
+
+    a, b = eager.canary, graphed.canary
+    for tag in a.buffers:
+        assert torch.equal(a.buffers[tag], b.buffers[tag]), tag.name
+    assert torch.equal(a.counters, b.counters)
+    assert int(a.violation_write_index[0]) == int(b.violation_write_index[0]) > 0
+    n = min(int(a.violation_write_index[0]), a.ring_capacity)
+    assert _sorted_rows(a.violation_ring, n) == _sorted_rows(b.violation_ring, n)
+    for name in ("full", "swa"):
+        assert a.planners[name].stats() == b.planners[name].stats()
+    # The replays did the work: 1 prefill + 1 warm-up + 12 decode launches per HEAD/TAIL tag and kernel.
+    h = b.health()
+    assert h.tags[T.HEAD_K_FULL].verify_launches == h.tags[T.TAIL_V_SWA].write_launches == 14
+    assert h.tags[T.HEAD_K_FULL].stamped_slots == 21 + 4 * 12
+
+    va, vb = a.poll(sync=True), b.poll(sync=True)
+    assert sorted(v.to_row() for v in va) == sorted(v.to_row() for v in vb)
+    for exp in expectations:
+        assert exp.found_in(vb), str(exp)
+    assert all(v.step > 0 for v in vb)  # attributed to the end_step() after a replay
+
+
+def test_simulated_workload_matches_the_cpu_reference():
+    cfg = SimConfig(seed=9)
+    cpu, gpu = ServingSimulation(cfg), ServingSimulation(cfg, device=DEV)
+    for sim in (cpu, gpu):
+        sim.run(40)
+    assert cpu.stats == gpu.stats
+    for tag in cpu.canary.buffers:
+        assert torch.equal(cpu.canary.buffers[tag], gpu.canary.buffers[tag].cpu()), tag.name
+    assert torch.equal(cpu.canary.counters, gpu.canary.counters.cpu())
+    assert cpu.canary.poll(sync=True) == [] and gpu.canary.poll(sync=True) == []
+
+
+@pytest.mark.parametrize("name", FAULT_NAMES)
+def test_every_fault_is_caught_on_cuda_as_on_cpu(name):
+    on_cpu = run_fault_scenario(name, SimConfig(seed=1), warmup_steps=10)
+    on_gpu = run_fault_scenario(name, SimConfig(seed=1), device=DEV, warmup_steps=10)
+    assert on_gpu.detected and on_gpu.clean_before
+    assert sorted(v.to_row() for v in on_gpu.violations) == sorted(v.to_row() for v in on_cpu.violations)
+
+
+def test_reporting_stays_one_step_late_on_cuda():
+    e = GraphEngine()
+    rng, tokens, slots = _setup(e, 5)
+    faults.remap_req_to_token(e.r2t, req_pool_index=1, position=1, new_slot=slots[2][0])
+    _fill_decode(e, tokens, slots, [1, 2, 3, 4])
+    e.canary.step("head", **e.static)
+    assert e.canary.poll() == []        # staged, not read: the step never waits for the device
+    e.forward(e.static)
+    torch.cuda.synchronize()            # make sure the HEAD step's copy has landed before the next step
+    e.canary.step("tail", **e.static)
+    found = e.canary.poll()
+    assert found and all(v.tag == T.HEAD_K_FULL for v in found)
+    assert found[0].reasons & (F.VERIFY_CHAIN_HASH_MISMATCH | F.VERIFY_POSITION_MISMATCH)
