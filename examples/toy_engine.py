@@ -177,7 +177,11 @@ class ToyEngine:
         self.history: list[StepInfo] = []
         self.violations: list[kc.Violation] = []
         self._next_rid = 0
-        self.evictions = 0
+        # What the workload exercised (tests check these are non-zero, so a clean run proves something).
+        self.stats = {"prefix_hit_tokens": 0, "evictions": 0, "swa_releases": 0, "continuation_chunks": 0,
+                      "sweeps": 0}
+        # Every time a planted bug fires: (engine step, bug flag, the slots it affected).
+        self.bug_events: list[tuple[int, str, list[int]]] = []
         # canary step number (KVCanary.step_number, what Violation.step refers to) -> (engine step, phase)
         self.canary_steps: dict[int, tuple[int, str]] = {}
 
@@ -255,7 +259,7 @@ class ToyEngine:
             if self.page_ref[page] == 1:
                 del self.prefix_cache[key]
                 self._unref(page)
-                self.evictions += 1
+                self.stats["evictions"] += 1
                 return True
         return False
 
@@ -288,6 +292,8 @@ class ToyEngine:
         # every update by one entry.
         entry = full_slot + 1 if self.bugs.swa_table_off_by_one else full_slot
         self.full_to_swa[entry] = swa
+        if entry != full_slot:
+            self.bug_events.append((self.step_no, "swa_table_off_by_one", [full_slot]))
         return swa
 
     def _release_swa(self, full_slot: int) -> None:
@@ -297,6 +303,7 @@ class ToyEngine:
         entry = full_slot + 1 if self.bugs.swa_table_off_by_one else full_slot
         self.full_to_swa[entry] = 0
         self.free_swa.append(swa)
+        self.stats["swa_releases"] += 1
 
     def _pages_for(self, n_tokens: int) -> int:
         return -(-n_tokens // self.cfg.page_size)
@@ -351,6 +358,7 @@ class ToyEngine:
             self.req_tokens[req.row].zero_()
             self.req_tokens[req.row, : len(req.prompt)] = torch.tensor(req.prompt, dtype=torch.int32)
             hit += n
+            self.stats["prefix_hit_tokens"] += n
             reserved += need
             reserved_swa += need_swa
             self.running.append(req)
@@ -374,6 +382,8 @@ class ToyEngine:
             if self.bugs.page_freed_while_cached and i == last_cached and self.page_ref[page] > 0:
                 # BUG: "free the pages past the cached part" starts one page early, so the last page the
                 # cache holds goes back to the free list while the cache still maps it.
+                if page in self.prefix_cache.values():
+                    self.bug_events.append((self.step_no, "page_freed_while_cached", list(self._page_slots(page))))
                 self._release_page(page)
             else:
                 self._unref(page)
@@ -414,10 +424,14 @@ class ToyEngine:
             slots = [req.pages[p // ps] * ps + p % ps for p in range(start, start + n)]
             self.req_to_token[req.row, start:start + n] = torch.tensor(slots, dtype=torch.int32)
             swa_loc += [self._alloc_swa(s) for s in slots]
-            if self.bugs.chunk_position_slip and req.prefilling and start > req.cached_len:
+            continuation = req.prefilling and start > req.cached_len
+            self.stats["continuation_chunks"] += continuation
+            if self.bugs.chunk_position_slip and continuation:
                 # BUG: a continuation chunk counts positions from the request's first computed token,
                 # forgetting the tokens it got from the prefix cache.
                 first = start - req.cached_len
+                if req.cached_len:
+                    self.bug_events.append((self.step_no, "chunk_position_slip", slots))
             else:
                 first = start
             rows.append(req.row)
@@ -552,6 +566,7 @@ class ToyEngine:
 
         self.canary.sweep(t64(slots), t64(positions), t64(prevs), expected_tokens=t64(toks))
         self.canary_steps[self.canary.step_number] = (self.step_no, "sweep")
+        self.stats["sweeps"] += 1
         return len(slots)
 
     def engine_step_of(self, violation: kc.Violation) -> tuple[int, str]:

@@ -57,7 +57,9 @@ from .planner import CanaryPlanner, stream_context
 from .report import CanaryViolationError, Violation
 from .staging import HostStager, is_capturing
 from .structs import RealKvSource, VerifyOrWriteContext, VerifyPlan, allocate_canary_buffer
-from .validation import array, check_int, check_non_negative
+from .interop import common_device
+from .checks import check_capacity, check_int, check_non_negative
+from .validation import array, context_views
 
 logger = logging.getLogger("kvcanary")
 
@@ -148,11 +150,13 @@ class KVCanary:
         watchdog_patience: int | None = None,
         name: str = "kv",
     ):
-        self.num_slots = _positive("num_slots", num_slots)
+        self.num_slots = check_capacity("num_slots", num_slots)
         if verify_capacity is None:
             verify_capacity = 3 * self.num_slots
         self.mode = mode
         self.name = str(name)
+        if swa is not None and not isinstance(swa, SwaConfig):
+            raise TypeError(f"kv-canary: swa must be a SwaConfig, got {type(swa).__name__}")
         k_sources, v_sources = tuple(k_sources), tuple(v_sources)
         swa_k = tuple(swa.k_sources) if swa is not None else ()
         swa_v = tuple(swa.v_sources) if swa is not None else ()
@@ -163,8 +167,11 @@ class KVCanary:
         self.kvs = ("k", "v") if with_v else ("k",)
         if real_kv_hash_mode is None:
             real_kv_hash_mode = RealKvHashMode.PARTIAL if (k_sources or v_sources or swa_k or swa_v) else RealKvHashMode.NONE
-        self.real_kv_hash_mode = RealKvHashMode(check_int("real_kv_hash_mode", real_kv_hash_mode))
-        self.ring_capacity = _positive("ring_capacity", ring_capacity)
+        mode_value = check_int("real_kv_hash_mode", real_kv_hash_mode)
+        if mode_value not in set(RealKvHashMode):
+            raise invalid(f"real_kv_hash_mode must be a RealKvHashMode (0, 1 or 2), got {mode_value}")
+        self.real_kv_hash_mode = RealKvHashMode(mode_value)
+        self.ring_capacity = check_capacity("ring_capacity", ring_capacity)
 
         self.planners: dict[str, CanaryPlanner] = {
             "full": CanaryPlanner(max_batch_size=max_batch_size, verify_capacity=verify_capacity, device=device,
@@ -180,12 +187,10 @@ class KVCanary:
         group_slots = {"full": self.num_slots}
         sources = {("k", "full"): k_sources, ("v", "full"): v_sources}
         if swa is not None:
-            if not isinstance(swa, SwaConfig):
-                raise TypeError(f"kv-canary: swa must be a SwaConfig, got {type(swa).__name__}")
-            group_slots["swa"] = _positive("swa.num_slots", swa.num_slots)
-            window = _positive("swa.window_size", swa.window_size)
+            group_slots["swa"] = check_capacity("swa.num_slots", swa.num_slots)
+            window = check_capacity("swa.window_size", swa.window_size)
             lut = array("swa.full_to_swa_index_mapping", swa.full_to_swa_index_mapping, "int64")
-            if lut.device.kind != self.device.type:
+            if str(lut.device) != str(self.device):
                 raise invalid(f"swa.full_to_swa_index_mapping must be on {self.device}, got {lut.device}")
             swa_cap = max(1, min(self.planners["full"].verify_capacity, self.max_batch_size * window))
             self.planners["swa"] = CanaryPlanner(
@@ -237,12 +242,10 @@ class KVCanary:
                             enable_chain_position_assert=self.chain_position_flag,
                         )
         # Validate every context once now (sources cover the buffer, sizes, devices), not at the first step.
-        from .validation import context_views  # noqa: PLC0415
-
         for ctx in self._contexts.values():
-            context_views(ctx)
+            common_device("KVCanary", list(context_views(ctx).all()))
 
-        cap = min(self.num_slots, 1 << 16) if sweep_capacity is None else _positive("sweep_capacity", sweep_capacity)
+        cap = min(self.num_slots, 1 << 16) if sweep_capacity is None else check_capacity("sweep_capacity", sweep_capacity)
         self.sweep_capacity = cap
         self._sweep_plan = VerifyPlan.allocate(verify_capacity=cap, device=self.device)
 
@@ -635,13 +638,6 @@ class KVCanary:
             plan_overflows=sum(s.overflows for s in stats),
             invalid_rows=sum(s.invalid_rows for s in stats),
         )
-
-
-def _positive(name: str, value: Any) -> int:
-    v = check_non_negative(name, value)
-    if v == 0:
-        raise invalid(f"{name} must be positive, got 0")
-    return v
 
 
 def _leading_dim(name: str, x: Any) -> int:

@@ -6,7 +6,10 @@ start-up, before any CUDA-graph capture. The planner
 * validates its capacities with SPEC §9 messages and logs them, with the bytes it allocates, at INFO;
 * owns a :class:`~kvcanary.VerifyPlan`, a :class:`~kvcanary.WritePlan` and scratch (``invalid_rows`` and
   cumulative plan statistics) whose addresses never change, so a captured graph stays valid;
-* sizes launch grids from the device's SM count (queried once per device and cached; 1 on the CPU);
+* sizes launch grids from the device's SM count (queried once per device and cached; 1 on the CPU) and
+  exposes them (``sm_count``, ``plan/verify/write_grid_blocks``: grid-stride sizes for its capacities, for
+  logs and capacity planning; the CUDA backend sizes each kernel's persistent grid from the same SM count
+  and that kernel's own block constants, fixed by the capacities, so every batch uses the same grid);
 * :meth:`CanaryPlanner.plan` fills the plans for a batch (SPEC §5), on the caller's stream, without a
   host sync;
 * surfaces plan overflow (``enable = 0``: that step's verify was skipped) and ``invalid_rows`` as WARNING
@@ -32,7 +35,7 @@ from .errors import invalid
 from .interop import stream_handle, Device
 from .staging import HostStager, is_capturing
 from .structs import VerifyPlan, WritePlan
-from .validation import check_int, check_non_negative
+from .checks import check_capacity, check_int, check_non_negative
 
 logger = logging.getLogger("kvcanary")
 
@@ -69,13 +72,6 @@ def launch_grid_blocks(work_items: int, *, device: Any, threads_per_block: int =
     at least 1. Fixed by capacities, so the same grid is valid for every batch (CUDA-graph safe)."""
     need = max(1, math.ceil(max(0, int(work_items)) / threads_per_block))
     return max(1, min(need, blocks_per_sm * device_sm_count(device)))
-
-
-def _capacity(name: str, value: Any) -> int:
-    v = check_non_negative(name, value)
-    if v == 0:
-        raise invalid(f"{name} must be positive, got 0")
-    return v
 
 
 @dataclass(frozen=True)
@@ -136,16 +132,16 @@ class CanaryPlanner:
     ):
         # Each value's own range first (SPEC §9), so a negative capacity is reported as negative; the plan
         # structs need at least one entry, so 0 is refused here rather than at every plan.
-        self.verify_capacity = _capacity("verify_capacity", verify_capacity)
-        self.max_batch_size = _capacity("max_batch_size", max_batch_size)
+        self.verify_capacity = check_capacity("verify_capacity", verify_capacity)
+        self.max_batch_size = check_capacity("max_batch_size", max_batch_size)
         self.max_tokens_per_step = (None if max_tokens_per_step is None
-                                    else _capacity("max_tokens_per_step", max_tokens_per_step))
+                                    else check_capacity("max_tokens_per_step", max_tokens_per_step))
         if expected_tokens_shape is not None:
             if not isinstance(expected_tokens_shape, (tuple, list)) or len(expected_tokens_shape) != 2:
                 raise invalid(f"expected_tokens_shape must be (max_reqs, max_context_len), "
                               f"got {expected_tokens_shape!r}")
-            expected_tokens_shape = (_capacity("expected_tokens_shape[0] (max_reqs)", expected_tokens_shape[0]),
-                                     _capacity("expected_tokens_shape[1] (max_context_len)",
+            expected_tokens_shape = (check_capacity("expected_tokens_shape[0] (max_reqs)", expected_tokens_shape[0]),
+                                     check_capacity("expected_tokens_shape[1] (max_context_len)",
                                                expected_tokens_shape[1]))
         self.expected_tokens_shape = expected_tokens_shape
         self.swa_window_size = check_non_negative("swa_window_size", swa_window_size)
@@ -200,9 +196,9 @@ class CanaryPlanner:
         running request); ``verify_capacity`` defaults to ``3 * pool_slots`` because prefix sharing lets the
         summed prefixes of a batch exceed the pool.
         """
-        slots = _capacity("pool_slots", pool_slots)
-        running = _capacity("max_running_requests", max_running_requests)
-        prefill = _capacity("max_prefill_tokens", max_prefill_tokens)
+        slots = check_capacity("pool_slots", pool_slots)
+        running = check_capacity("max_running_requests", max_running_requests)
+        prefill = check_capacity("max_prefill_tokens", max_prefill_tokens)
         draft = check_non_negative("num_draft_tokens", num_draft_tokens)
         vc = 3 * slots if verify_capacity is None else verify_capacity
         check_non_negative("verify_capacity", vc)

@@ -197,7 +197,7 @@ class Violation:
         """A multi-line, human-readable account: which launch, what was found, what was expected, which
         checks failed and what each failure usually means."""
         bits = int(self.reasons)
-        where = f"step {self.step}" if self.step >= 0 else "an unknown step"
+        where = f"canary step {self.step}" if self.step >= 0 else "an unknown canary step"
         lines = [
             f"KV canary violation #{self.ring_index if self.ring_index >= 0 else '?'}: {self.kernel} kernel of "
             f"launch {self.tag_name} ({self.phase} phase, {self.kv.upper()} half, {self.group} group) at {where}",

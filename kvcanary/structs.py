@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from . import consts
+from .checks import check_positive
 from .consts import RealKvHashMode
 from .errors import invalid
 from .interop import view
@@ -23,11 +24,7 @@ _INT32 = 4
 
 
 def _positive(owner: str, name: str, value: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"kv-canary: {owner} {name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise invalid(f"{owner} {name} must be positive, got {value}")
-    return value
+    return check_positive(f"{owner} {name}", value)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,11 +12,11 @@ negative, not as a mismatch.
 
 from __future__ import annotations
 
-import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from . import consts
+from .checks import check_bool, check_int, check_non_negative
 from .consts import CanaryLaunchTag, RealKvHashMode
 from .errors import invalid, wrong_dtype
 from .interop import ArrayView, Device, common_device, view
@@ -24,29 +24,6 @@ from .structs import RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan
 
 # ----------------------------------------------------------------------------------------------------------
 # Small checks
-
-
-def check_int(name: str, value: Any) -> int:
-    """``value`` as a Python int; bools and non-integers are a ``TypeError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"kv-canary: {name} must be an int, got {type(value).__name__}")
-    v = int(value)
-    if not -(1 << 63) <= v < (1 << 63):
-        raise invalid(f"{name} must fit in int64, got {v}")
-    return v
-
-
-def check_non_negative(name: str, value: Any) -> int:
-    v = check_int(name, value)
-    if v < 0:
-        raise invalid(f"{name} must be non-negative, got {v}")
-    return v
-
-
-def check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, (bool, numbers.Integral)) or int(value) not in (0, 1):
-        raise TypeError(f"kv-canary: {name} must be a bool, got {value!r}")
-    return bool(value)
 
 
 def check_capacities(*, verify_capacity: Any, write_req_capacity: Any) -> tuple[int, int]:

@@ -418,6 +418,29 @@ def test_constructor_errors():
         KVCanary(num_slots=4, max_batch_size=2, v_sources=(src,), with_v=False)
 
 
+def test_constructor_type_and_mode_errors():
+    with pytest.raises(TypeError, match="kv-canary: swa must be a SwaConfig, got dict"):
+        KVCanary(num_slots=8, max_batch_size=2, swa={"num_slots": 4})
+    with pytest.raises(ValueError, match=r"kv-canary: real_kv_hash_mode must be a RealKvHashMode \(0, 1 or 2\), got 5"):
+        KVCanary(num_slots=8, max_batch_size=2, real_kv_hash_mode=5)
+
+
+def test_host_stager_returns_earlier_copies_in_order_and_counts_drops():
+    from kvcanary.staging import HostStager
+
+    src = torch.zeros(2, dtype=torch.int64)
+    st = HostStager([src], torch.device("cpu"), depth=3)
+    for k in range(1, 5):
+        src.fill_(k)
+        st.stage(k)
+    # depth 3: the copy of stage 1 was dropped when stage 4 reused its slot; the latest is held back.
+    assert st.dropped == 1
+    got = st.take_landed()
+    assert [(c.label, c.values[0].tolist()) for c in got] == [(2, [2, 2]), (3, [3, 3])]
+    assert st.take_landed() == []
+    assert [(c.label, c.values[0].tolist()) for c in st.take_landed(include_latest=True)] == [(4, [4, 4])]
+
+
 def test_from_pool_geometry_and_buffers():
     c = KVCanary.from_pool_geometry(pool_slots=100, max_running_requests=4, max_prefill_tokens=64, with_v=True)
     assert c.planners["full"].verify_capacity == 300

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_demo_command_prints_the_table_and_succeeds():
-    proc = subprocess.run([sys.executable, "-m", "kvcanary", "demo", "--steps", "30"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "-m", "kvcanary", "demo", "--steps", "20"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from canary_testlib import POISON, run_plan
+import kvcanary as kc
+from canary_testlib import POISON, run_plan, t32, t64
 
 P64 = POISON[torch.int64]
 # req_to_token: row r, position p -> slot 10 * r + p + 1 (row 0 = padding row).
@@ -111,9 +112,6 @@ def test_capacity_one_short_disables_the_step_and_writes_no_entry():
 
 
 def test_a_fitting_plan_re_enables_after_an_overflow():
-    import kvcanary as kc
-    from canary_testlib import t32, t64
-
     vp = kc.VerifyPlan.allocate(verify_capacity=2)
     wp = kc.WritePlan.allocate(write_req_capacity=1)
     for prefix, want in (([3], (2, 0)), ([2], (2, 1)), ([0], (0, 1))):

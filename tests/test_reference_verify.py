@@ -180,7 +180,7 @@ def verify_cases(draw):
         enable=draw(st.sampled_from([1, 1, 1, 0, 3])), check=draw(st.booleans()), tag=draw(st.integers(0, 11)),
         ring=draw(st.integers(1, 5)), index=draw(st.sampled_from([0, 0, 2, 7, 2**31 - 1])),
         mode=draw(st.integers(0, 2)), n_pools=draw(st.integers(0, 4)), fix_rkv=draw(st.booleans()),
-        page=draw(st.integers(1, 3)), seed=draw(st.integers(0, 2**31)),
+        page=draw(st.integers(1, 3)), seed=draw(st.integers(0, 2**31)), stride=draw(st.sampled_from([32, 48, 64])),
     )
 
 
@@ -191,7 +191,8 @@ def test_verify_matches_scalar_model(case):
     pools = [PoolSource.make(rows=-(-n // case["page"]), page_size=case["page"], num_bytes_per_token=32,
                              read_bytes=16 * (1 + k % 2), slack=16 * (k % 2), generator=g)
              for k in range(case["n_pools"])]
-    rig = Rig.make(n, ring=case["ring"], tag=case["tag"], pools=pools, mode=case["mode"])
+    rig = Rig.make(n, stride=case["stride"], ring=case["ring"], tag=case["tag"], pools=pools, mode=case["mode"])
+    rig.buf.random_(0, 256, generator=g)  # bytes past 32 hold garbage that must be ignored and kept
     recs = case["recs"]
     if case["fix_rkv"]:
         fp = rig.fp()

@@ -46,6 +46,7 @@ def slot_hash(recs: np.ndarray, slots: np.ndarray) -> np.ndarray:
     out = np.full(slots.shape, ANCHOR_HASH, dtype=np.uint64)
     live = slots >= 0
     if live.any():
-        r = recs[slots[live]]
+        # np.take gathers rows several times faster than fancy indexing on large random index arrays.
+        r = np.take(recs, slots[live], axis=0)
         out[live] = mix3(u64(r[:, consts.FIELD_PREV_HASH]), r[:, consts.FIELD_TOKEN], r[:, consts.FIELD_POSITION])
     return out

@@ -50,7 +50,7 @@ def verify(launch: VerifyLaunch) -> None:
     recs = records(ctx.canary_buf.host())
     s = slots[ok]
     p = prev[ok]
-    rec = recs[s, : consts.CANARY_FIELDS_PER_SLOT]
+    rec = np.take(recs[:, : consts.CANARY_FIELDS_PER_SLOT], s, axis=0)
     stored_tok = rec[:, consts.FIELD_TOKEN]
     stored_pos = rec[:, consts.FIELD_POSITION]
     stored_hash = u64(rec[:, consts.FIELD_PREV_HASH])
