@@ -12,7 +12,7 @@ It is small enough to read in one sitting and has the moving parts whose bugs co
   (0 = none); SWA slots that fall out of the window are released and their table entries reset to 0;
 * **chunked prefill** (at most ``prefill_budget`` prompt tokens per step) and **decode** (one token per
   running request per step), in one mixed batch;
-* a tiny deterministic model: one full-attention layer and one SWA layer over learned-free random weights,
+* a tiny deterministic model: one full-attention layer and one SWA layer with random (untrained) weights,
   greedy sampling.
 
 The canary runs at HEAD (before the forward: plan, verify every request's prefix, stamp the new tokens),
@@ -23,11 +23,11 @@ its per-request token history, so stored tokens are checked too.
 Three real-looking bugs can be planted with :class:`Bugs` (all off by default):
 
 ``page_freed_while_cached``
-    On finish, a request returns its pages straight to the free list instead of dropping one reference
-    each, so pages the prefix cache still holds become free, get reallocated and overwritten; the next
-    request that hits that prefix attends to someone else's tokens. Seen by the sweep
-    (``SWEEP_*_FULL``) and by the HEAD/TAIL verify of a request that hits the stale prefix
-    (``chain_hash + position + verify_token``).
+    On finish, a request drops its reference to the pages the prefix cache holds and frees the pages
+    past them outright, but that slice starts one page early: the last cached page becomes free while the
+    cache still maps it, gets reallocated and overwritten, and the next request that hits that prefix
+    attends to someone else's tokens. Seen by the sweep (``SWEEP_*_FULL``) and by the HEAD/TAIL verify
+    of a request that hits the stale prefix (``chain_hash + position + verify_token``).
 ``swa_table_off_by_one``
     The full->SWA table update is shifted by one entry, as if the table (which has ``num_slots + 1``
     entries) were 1-based: ``table[full_slot + 1] = swa_slot``. The SWA K/V are written where the
@@ -39,12 +39,17 @@ Three real-looking bugs can be planted with :class:`Bugs` (all off by default):
     encoding; the HEAD write's chain position assert sees a position that does not continue the prefix
     (``write_position``).
 
+Each time a planted bug's line runs, it is recorded in ``engine.bug_events``; ``engine.stats`` counts what
+the workload exercised (prefix-cache hits, evictions, SWA releases, continuation chunks, sweeps).
+
 Usage::
 
     engine = ToyEngine(ToyConfig(), bugs=Bugs(chunk_position_slip=True))
-    for req in make_workload(seed=0, num_requests=12): engine.submit(*req)
-    engine.run()                        # until every request has finished
-    engine.violations                   # kvcanary.Violation records the canary reported
+    for arrival, prompt, max_new in make_workload(seed=0, num_requests=24):
+        engine.submit(prompt, max_new, arrival)
+    engine.run()                           # until every request has finished
+    engine.violations                      # the kvcanary.Violation records the canary reported
+    engine.engine_step_of(engine.violations[0])   # (engine step, "head" | "tail" | "sweep")
 """
 
 from __future__ import annotations
@@ -377,16 +382,18 @@ class ToyEngine:
     def _finish(self, req: Request) -> None:
         ps = self.cfg.page_size
         self._cache_pages(req, req.computed)
-        last_cached = req.computed // ps - 1
-        for i, page in enumerate(req.pages):
-            if self.bugs.page_freed_while_cached and i == last_cached and self.page_ref[page] > 0:
-                # BUG: "free the pages past the cached part" starts one page early, so the last page the
-                # cache holds goes back to the free list while the cache still maps it.
-                if page in self.prefix_cache.values():
-                    self.bug_events.append((self.step_no, "page_freed_while_cached", list(self._page_slots(page))))
-                self._release_page(page)
-            else:
-                self._unref(page)
+        # The cache now holds its own reference to the first `cached` pages: drop this request's reference
+        # to those, and free the pages past them outright (only this request ever held them).
+        cached = req.computed // ps
+        # BUG (page_freed_while_cached): the "past the cached part" slice starts one page early, so the last
+        # page the cache holds goes back to the free list while the cache still maps it.
+        first_uncached = max(0, cached - 1) if self.bugs.page_freed_while_cached else cached
+        for page in req.pages[:first_uncached]:
+            self._unref(page)
+        for page in req.pages[first_uncached:]:
+            if page in self.prefix_cache.values():
+                self.bug_events.append((self.step_no, "page_freed_while_cached", list(self._page_slots(page))))
+            self._release_page(page)
         self.req_to_token[req.row].zero_()
         self.free_rows.append(req.row)
         req.finished = True
