@@ -7,6 +7,7 @@ absent optional arrays are null pointers. Every array was validated by :mod:`kvc
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -52,6 +53,25 @@ def real_kv_args(ctx: ContextViews) -> tuple[bool, tuple]:
     return n > 0, (*ptrs, *pages, *bpt, *strides, *nbytes, i64(n))
 
 
+_streams: dict[tuple[int, int], Any] = {}
+
+
+def _external_stream(cp: Any, handle: int, device_index: int) -> Any:
+    """A non-owning CuPy wrapper of the raw stream ``handle``, cached: it holds only the handle value and
+    the device, so a reused handle value still names the right stream."""
+    key = (handle, device_index)
+    s = _streams.get(key)
+    if s is None:
+        with warnings.catch_warnings():
+            # CuPy 14 deprecates ExternalStream in favour of Stream.from_external, which CuPy 13 lacks.
+            warnings.simplefilter("ignore", DeprecationWarning)
+            s = cp.cuda.ExternalStream(handle, device_index)
+        if len(_streams) >= 256:
+            _streams.clear()
+        _streams[key] = s
+    return s
+
+
 def launch(fn: Any, grid: int, block: int, args: Sequence[Any], device: Device, stream: Any) -> None:
     """Launch ``fn`` on ``device`` (whatever the current device is) on the caller's stream.
 
@@ -60,7 +80,7 @@ def launch(fn: Any, grid: int, block: int, args: Sequence[Any], device: Device, 
     """
     cp = import_cupy()
     handle = stream_handle(stream, device)
-    with cp.cuda.Device(device.index), cp.cuda.ExternalStream(handle, device.index):
+    with cp.cuda.Device(device.index), _external_stream(cp, handle, device.index):
         fn((int(grid),), (int(block),), tuple(args))
 
 

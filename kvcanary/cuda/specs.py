@@ -20,13 +20,15 @@ from pathlib import Path
 
 # Options kvcanary passes to ``cupy.RawModule(code=..., options=NVRTC_OPTIONS)``.
 #
-# CuPy (14.x, NVRTC backend, ``RawModule`` from source, no jitify) appends to these, in this order:
-#   * ``-I<cupy>/_core/include`` and, where it finds the CUDA toolkit, ``-I<cuda>/include``
-#     (include paths only; kvcanary's sources include nothing, so they do not change the result),
-#   * ``-ftz=true`` (flush float denormals; kvcanary does no floating point),
-#   * the architecture: ``-arch=sm_XY`` for the current device (``-arch=compute_XY`` instead when
-#     ``CUPY_CUDA_COMPILE_WITH_PTX=1`` or the NVRTC is older than the device).
-# So the CI check reproduces CuPy's compile with ``NVRTC_OPTIONS + ("-ftz=true", f"-arch=sm_{cc}")``.
+# What CuPy 14.2 (NVRTC backend, RawModule from source, no jitify) hands NVRTC, observed on an H200 with
+# CUDA 13 by wrapping ``cupy.cuda.compiler._NVRTCProgram.compile``, in this order:
+#   -I<cupy>/_core/include/cupy/_cccl/cub  -I<cupy>/_core/include/cupy/_cccl/thrust
+#   -I<cupy>/_core/include/cupy/_cccl/libcudacxx  <NVRTC_OPTIONS>  -I<cupy>/_core/include
+#   -I<cuda toolkit>/include  -ftz=true  -arch=sm_XY  --device-as-default-execution-space
+# (``-arch=compute_XY`` instead of ``sm_XY`` when ``CUPY_CUDA_COMPILE_WITH_PTX=1``; CuPy also compiles an
+# empty program once with ``-arch=compute_XY`` to fingerprint the compiler). The include paths do not change
+# the result (kvcanary's sources include nothing), so the CI check reproduces CuPy's compile with
+# ``NVRTC_OPTIONS + ("-ftz=true", f"-arch=sm_{cc}", "--device-as-default-execution-space")``.
 # ``-std=c++17`` is passed explicitly so the dialect does not depend on the NVRTC version's default.
 NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
 

@@ -132,7 +132,7 @@ def compare_logs(cpu: LogState, gpu: LogState, *, ordered: bool = False) -> int:
     cap = cpu.ring.shape[0]
     n = int(cpu.index[0])
     end = min(max(n, 0), cap)
-    a, b = cpu.ring.numpy(), gpu.ring.cpu().numpy()
+    a, b = cpu.ring.cpu().numpy(), gpu.ring.cpu().numpy()
     if ordered:
         np.testing.assert_array_equal(a[:end], b[:end], err_msg="violation rows (ordered)")
     else:

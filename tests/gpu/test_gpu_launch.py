@@ -103,7 +103,9 @@ def test_graph_capture_replay_equals_eager(cuda_ready):
         eager_eng.step()
         torch.cuda.synchronize()
         for k in host:
-            assert_same_bytes(eager_eng.t[k], graph_eng.t[k], f"step {i}: {k}")
+            if k != "ring":
+                assert_same_bytes(eager_eng.t[k], graph_eng.t[k], f"step {i}: {k}")
+        compare_logs(eager_eng.log, graph_eng.log)  # rows as a multiset: several threads append
     # The run did real work: tokens were stamped every step and the injected mismatches were reported.
     assert int(graph_eng.t["kernel_counter"][0]) == int(log.kernel_counter[0]) + 2 * steps
     assert int(graph_eng.t["index"][0]) > 0
@@ -138,7 +140,8 @@ def test_op_runs_on_callers_stream(cuda_ready, how):
     gpu_log = log.to("cuda")
     ctx = context(canary.cuda(), gpu_log, tag=1)
     torch.cuda.synchronize()
-    side = torch.cuda.Stream()
+    cupy_side = cupy.cuda.Stream(non_blocking=True)
+    side = torch.cuda.ExternalStream(cupy_side.ptr) if how == "cupy_stream" else torch.cuda.Stream()
     with torch.cuda.stream(side):
         torch.cuda._sleep(100_000_000)
         for k in dst:
@@ -147,8 +150,7 @@ def test_op_runs_on_callers_stream(cuda_ready, how):
     if how == "torch_stream":
         kc.launch_canary_verify_kernel(context=ctx, plan=vp, check_verify_expected_token=True, stream=side)
     elif how == "cupy_stream":
-        ext = cupy.cuda.ExternalStream(side.cuda_stream, 0)
-        kc.launch_canary_verify_kernel(context=ctx, plan=vp, check_verify_expected_token=True, stream=ext)
+        kc.launch_canary_verify_kernel(context=ctx, plan=vp, check_verify_expected_token=True, stream=cupy_side)
     elif how == "cuda_stream_protocol":
         kc.launch_canary_verify_kernel(context=ctx, plan=vp, check_verify_expected_token=True,
                                        stream=_StreamProto(side))

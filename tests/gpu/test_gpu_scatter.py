@@ -20,12 +20,13 @@ def test_scatter_differential(cuda_ready, bs):
     max_reqs, cols = bs + 50, int(rng.integers(8, 300))
     rp = rng.permutation(np.arange(max_reqs))[:bs]  # distinct rows (row 0 included sometimes)
     lens = rng.integers(-3, cols + 20, bs)
+    lens[0] = max(lens[0], 1)  # row 0 is always copied, so the test always checks a copy
     offsets = np.concatenate([[0], np.cumsum(np.maximum(lens, 0))]).astype(np.int64)
-    n_flat = int(offsets[-1]) - int(rng.integers(0, 40))  # the tail runs past flat_in
-    n_flat = max(n_flat, 0)
-    k = max(1, bs // 20)
-    rp[rng.choice(bs, k)] = rng.choice([-1, -9, max_reqs, max_reqs + 4], k)  # invalid rows: skipped
-    offsets[rng.choice(bs, k)] = rng.choice([-5, n_flat + 1, n_flat + 1000], k)  # bad starts: skipped
+    # The tail runs past flat_in (but row 0 keeps its tokens).
+    n_flat = max(int(offsets[-1]) - int(rng.integers(0, 40)), int(offsets[1]))
+    k = bs // 20
+    rp[1 + rng.choice(bs - 1, k)] = rng.choice([-1, -9, max_reqs, max_reqs + 4], k)  # invalid rows: skipped
+    offsets[2 + rng.choice(bs - 1, k)] = rng.choice([-5, n_flat + 1, n_flat + 1000], k)  # bad starts: skipped
     flat = rng.integers(-(1 << 40), 1 << 40, n_flat)  # values wider than int32: narrowed like a C cast
     pool = random_bytes(rng, (max_reqs, cols), torch.int32)
     outs = {}
