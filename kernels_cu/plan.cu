@@ -47,12 +47,12 @@ __device__ __forceinline__ kvc_i64 kvc_plan_translate(kvc_i64 x, const kvc_i64* 
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(KVC_SCAN_THREADS)
-kvc_plan_verify_offsets(const kvc_i64* __restrict__ req_pool_indices, const kvc_i64* __restrict__ prefix_lens,
-                        kvc_i64 bs, kvc_i64 max_reqs, kvc_i64 max_seq_len, kvc_i64 swa_window_size,
-                        kvc_i64 verify_capacity, kvc_i64* __restrict__ verify_offsets,
-                        int* __restrict__ verify_num_valid, int* __restrict__ enable) {
-    __shared__ kvc_i64 scratch[33];
+// Exclusive prefix sums of len_of(r) over rows [0, bs) into out[0..bs) by one block, in tiles of
+// blockDim.x * KVC_SCAN_ITEMS rows with a running carry, so any bs runs in one launch. len_of is called
+// once per row (it may record per-row outputs). Returns the total, in every thread.
+template <class LenOf>
+__device__ __forceinline__ kvc_i64 kvc_block_row_offsets(kvc_i64 bs, kvc_i64* scratch, kvc_i64* __restrict__ out,
+                                                         LenOf len_of) {
     const kvc_i64 tile = (kvc_i64)blockDim.x * KVC_SCAN_ITEMS;
     kvc_i64 carry = 0;
     for (kvc_i64 base = 0; base < bs; base += tile) {
@@ -61,24 +61,31 @@ kvc_plan_verify_offsets(const kvc_i64* __restrict__ req_pool_indices, const kvc_
         kvc_i64 sum = 0;
 #pragma unroll
         for (int j = 0; j < KVC_SCAN_ITEMS; ++j) {
-            const kvc_i64 r = first + j;
-            len[j] = 0;
-            if (r < bs) {
-                const kvc_i64 rp = req_pool_indices[r], prefix = prefix_lens[r];
-                len[j] = kvc_verify_len(kvc_plan_row_active(rp, prefix, max_reqs, max_seq_len), prefix,
-                                        swa_window_size);
-            }
+            len[j] = first + j < bs ? len_of(first + j) : 0;
             sum += len[j];
         }
         kvc_i64 tile_total;
         kvc_i64 run = carry + kvc_block_exclusive_sum(sum, scratch, tile_total);
 #pragma unroll
         for (int j = 0; j < KVC_SCAN_ITEMS; ++j) {
-            if (first + j < bs) verify_offsets[first + j] = run;
+            if (first + j < bs) out[first + j] = run;
             run += len[j];
         }
         carry += tile_total;
     }
+    return carry;
+}
+
+extern "C" __global__ void __launch_bounds__(KVC_SCAN_THREADS)
+kvc_plan_verify_offsets(const kvc_i64* __restrict__ req_pool_indices, const kvc_i64* __restrict__ prefix_lens,
+                        kvc_i64 bs, kvc_i64 max_reqs, kvc_i64 max_seq_len, kvc_i64 swa_window_size,
+                        kvc_i64 verify_capacity, kvc_i64* __restrict__ verify_offsets,
+                        int* __restrict__ verify_num_valid, int* __restrict__ enable) {
+    __shared__ kvc_i64 scratch[33];
+    const kvc_i64 carry = kvc_block_row_offsets(bs, scratch, verify_offsets, [&](kvc_i64 r) {
+        const kvc_i64 rp = req_pool_indices[r], prefix = prefix_lens[r];
+        return kvc_verify_len(kvc_plan_row_active(rp, prefix, max_reqs, max_seq_len), prefix, swa_window_size);
+    });
     if (threadIdx.x == 0) {
         verify_offsets[bs] = carry;
         const bool overflow = carry > verify_capacity;
@@ -160,38 +167,19 @@ kvc_plan_write_meta(const kvc_i64* __restrict__ req_pool_indices, const kvc_i64*
                     kvc_i64* __restrict__ write_seed_slot_indices, int* __restrict__ write_num_valid_reqs,
                     int* __restrict__ invalid_rows) {
     __shared__ kvc_i64 scratch[33];
-    const kvc_i64 tile = (kvc_i64)blockDim.x * KVC_SCAN_ITEMS;
-    kvc_i64 carry = 0, invalid = 0;
-    for (kvc_i64 base = 0; base < bs; base += tile) {
-        const kvc_i64 first = base + (kvc_i64)threadIdx.x * KVC_SCAN_ITEMS;
-        kvc_i64 len[KVC_SCAN_ITEMS];
-        kvc_i64 sum = 0;
-#pragma unroll
-        for (int j = 0; j < KVC_SCAN_ITEMS; ++j) {
-            const kvc_i64 r = first + j;
-            len[j] = 0;
-            if (r < bs) {
-                const kvc_i64 rp = req_pool_indices[r], prefix = prefix_lens[r];
-                const bool valid = kvc_plan_row_valid(rp, prefix, max_reqs, max_seq_len);
-                const bool active = valid && rp != REQ_POOL_IDX_PADDING;
-                len[j] = kvc_write_len(active, extend_seq_lens[r]);
-                kvc_i64 seed = NO_SLOT;
-                if (kvc_has_seed(active, prefix, len[j]))
-                    seed = kvc_plan_translate((kvc_i64)req_to_token[rp * max_seq_len + prefix - 1], lut, lut_len);
-                write_seed_slot_indices[r] = seed;
-                invalid += valid ? 0 : 1;
-            }
-            sum += len[j];
-        }
-        kvc_i64 tile_total;
-        kvc_i64 run = carry + kvc_block_exclusive_sum(sum, scratch, tile_total);
-#pragma unroll
-        for (int j = 0; j < KVC_SCAN_ITEMS; ++j) {
-            if (first + j < bs) write_offsets[first + j] = run;
-            run += len[j];
-        }
-        carry += tile_total;
-    }
+    kvc_i64 invalid = 0;
+    const kvc_i64 carry = kvc_block_row_offsets(bs, scratch, write_offsets, [&](kvc_i64 r) {
+        const kvc_i64 rp = req_pool_indices[r], prefix = prefix_lens[r];
+        const bool valid = kvc_plan_row_valid(rp, prefix, max_reqs, max_seq_len);
+        const bool active = valid && rp != REQ_POOL_IDX_PADDING;
+        const kvc_i64 len = kvc_write_len(active, extend_seq_lens[r]);
+        kvc_i64 seed = NO_SLOT;
+        if (kvc_has_seed(active, prefix, len))
+            seed = kvc_plan_translate((kvc_i64)req_to_token[rp * max_seq_len + prefix - 1], lut, lut_len);
+        write_seed_slot_indices[r] = seed;
+        invalid += valid ? 0 : 1;
+        return len;
+    });
     for (kvc_i64 i = bs + 1 + threadIdx.x; i <= write_req_capacity; i += blockDim.x) write_offsets[i] = 0;
     kvc_i64 invalid_total;
     kvc_block_exclusive_sum(invalid, scratch, invalid_total);

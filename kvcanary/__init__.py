@@ -24,7 +24,7 @@ from .ops import (
     launch_canary_write_kernel,
     launch_scatter_req_token_ids_kernel,
 )
-from .planner import CanaryPlanner, device_sm_count, launch_grid_blocks
+from .planner import CanaryPlanner
 from .report import CanaryViolationError, Violation
 from .structs import (
     RealKvSource,
@@ -48,9 +48,7 @@ __all__ = [
     "SwaConfig",
     "TagCounters",
     "Violation",
-    "device_sm_count",
     "faults",
-    "launch_grid_blocks",
     "CanaryLaunchTag",
     "CudaBackendUnavailableError",
     "FailReason",

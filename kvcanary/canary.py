@@ -58,7 +58,7 @@ from .report import CanaryViolationError, Violation
 from .staging import HostStager, is_capturing
 from .structs import RealKvSource, VerifyOrWriteContext, VerifyPlan, allocate_canary_buffer
 from .interop import common_device
-from .checks import check_capacity, check_int, check_non_negative
+from .checks import check_capacity, check_int
 from .validation import array, context_views
 
 logger = logging.getLogger("kvcanary")

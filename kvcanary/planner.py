@@ -6,10 +6,9 @@ start-up, before any CUDA-graph capture. The planner
 * validates its capacities with SPEC §9 messages and logs them, with the bytes it allocates, at INFO;
 * owns a :class:`~kvcanary.VerifyPlan`, a :class:`~kvcanary.WritePlan` and scratch (``invalid_rows`` and
   cumulative plan statistics) whose addresses never change, so a captured graph stays valid;
-* sizes launch grids from the device's SM count (queried once per device and cached; 1 on the CPU) and
-  exposes them (``sm_count``, ``plan/verify/write_grid_blocks``: grid-stride sizes for its capacities, for
-  logs and capacity planning; the CUDA backend sizes each kernel's persistent grid from the same SM count
-  and that kernel's own block constants, fixed by the capacities, so every batch uses the same grid);
+* sizes the launch grids: ``sm_count`` and ``grids`` (launch name -> blocks x threads) are exactly what
+  the CUDA backend launches for these capacities (:mod:`kvcanary.cuda.grids`, SM count queried once per
+  device); fixed by the capacities, so every batch uses the same grids. On the CPU both are empty (0, {});
 * :meth:`CanaryPlanner.plan` fills the plans for a batch (SPEC §5), on the caller's stream, without a
   host sync;
 * surfaces plan overflow (``enable = 0``: that step's verify was skipped) and ``invalid_rows`` as WARNING
@@ -21,9 +20,7 @@ start-up, before any CUDA-graph capture. The planner
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,39 +36,23 @@ from .checks import check_capacity, check_int, check_non_negative
 
 logger = logging.getLogger("kvcanary")
 
-# Threads per block the grid helpers assume and resident blocks per SM they aim for (grid-stride loops
-# cover the rest); see launch_grid_blocks.
-THREADS_PER_BLOCK = 256
-BLOCKS_PER_SM = 4
-
 # Index of each cumulative statistic in the planner's int64 stats tensor.
 STAT_PLANS, STAT_OVERFLOWS, STAT_INVALID_ROWS = 0, 1, 2
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(kind: str, index: int) -> int:
-    if kind == "cpu":
-        return 1
-    return int(torch.cuda.get_device_properties(index).multi_processor_count)
+def launch_grids(device: torch.device, *, verify_capacity: int, write_req_capacity: int) -> tuple[int, dict]:
+    """``(sm_count, {launch name: Grid})`` the CUDA backend uses for these capacities on ``device`` (the
+    same functions size the real launches: :mod:`kvcanary.cuda.grids`); ``(0, {})`` on the CPU, whose
+    reference backend has no grid."""
+    if device.type != "cuda":
+        return 0, {}
+    from .cuda import grids  # noqa: PLC0415 - CUDA only
 
-
-def device_sm_count(device: Any) -> int:
-    """Streaming multiprocessors of ``device`` (queried once per device, then cached); 1 for the CPU."""
-    d = torch.device(device)
-    if d.type == "cuda":
-        return _sm_count("cuda", d.index if d.index is not None else torch.cuda.current_device())
-    if d.type == "cpu":
-        return 1
-    raise invalid(f"device must be cpu or cuda, got {d}")
-
-
-def launch_grid_blocks(work_items: int, *, device: Any, threads_per_block: int = THREADS_PER_BLOCK,
-                       blocks_per_sm: int = BLOCKS_PER_SM) -> int:
-    """Blocks for a grid-stride launch over ``work_items`` items: enough to cover them, at most
-    ``blocks_per_sm * sm_count`` (more blocks than the device keeps resident only add scheduling cost),
-    at least 1. Fixed by capacities, so the same grid is valid for every batch (CUDA-graph safe)."""
-    need = max(1, math.ceil(max(0, int(work_items)) / threads_per_block))
-    return max(1, min(need, blocks_per_sm * device_sm_count(device)))
+    sms = grids.sm_count(device.index)
+    real_kv = {"verify": grids.verify_grid(verify_capacity, False, sms),
+               "verify_real_kv": grids.verify_grid(verify_capacity, True, sms),
+               "write": grids.write_grid(write_req_capacity, sms)}
+    return sms, {**{f"plan_{k}": g for k, g in grids.plan_grids(verify_capacity, sms).items()}, **real_kv}
 
 
 @dataclass(frozen=True)
@@ -164,17 +145,15 @@ class CanaryPlanner:
         self._stager = HostStager([self._stats], self.device)
         self._seen = np.zeros(3, dtype=np.int64)
 
-        self.sm_count = device_sm_count(self.device)
-        self.plan_grid_blocks = launch_grid_blocks(self.max_batch_size, device=self.device)
-        self.verify_grid_blocks = launch_grid_blocks(self.verify_capacity, device=self.device)
-        self.write_grid_blocks = launch_grid_blocks(self.max_batch_size, device=self.device)
+        self.sm_count, self.grids = launch_grids(self.device, verify_capacity=self.verify_capacity,
+                                                 write_req_capacity=self.max_batch_size)
         logger.info(
             "kv-canary: planner %r on %s: max_batch_size=%d verify_capacity=%d max_tokens_per_step=%s "
             "expected_tokens_shape=%s swa_window_size=%d; allocated %d device bytes, %d host staging bytes; "
-            "sm_count=%d grids (blocks) plan=%d verify=%d write=%d",
+            "sm_count=%d grids (blocks x threads) %s",
             self.name, self.device, self.max_batch_size, self.verify_capacity, self.max_tokens_per_step,
             self.expected_tokens_shape, self.swa_window_size, self.allocated_bytes, self._stager.nbytes,
-            self.sm_count, self.plan_grid_blocks, self.verify_grid_blocks, self.write_grid_blocks,
+            self.sm_count, {k: f"{g.blocks}x{g.threads}" for k, g in self.grids.items()} or "none (CPU reference)",
         )
 
     # -- sizing helpers ----------------------------------------------------------------------------------

@@ -81,7 +81,7 @@ class Engine:
     def step(self, batch, *, prefix_override=None, positions_hook=None, loc_hook=None, alloc_hook=None,
              before_write=None) -> list[tuple]:
         """Run one step for ``batch`` = [(request row, new tokens)] (row 0 = a padding row with no tokens)."""
-        rpi, prefix, extend, ids, pos, loc, flat, offs, full = [], [], [], [], [], [], [], [0], []
+        rpi, prefix, extend, ids, pos, loc, flat, offs = [], [], [], [], [], [], [], [0]
         for rp, new in batch:
             pre = len(self.tokens.get(rp, [])) if rp else 0
             if prefix_override and rp in prefix_override:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
-import types
+import functools
 
 import pytest
 import torch
 
 import kvcanary as kc
 from kvcanary import planner as planner_mod
-from kvcanary.planner import CanaryPlanner, device_sm_count, launch_grid_blocks
+from kvcanary.cuda import grids
+from kvcanary.cuda.specs import int_define
+from kvcanary.planner import CanaryPlanner
 
 
 def t64(xs):
@@ -66,35 +68,45 @@ def test_logs_capacities_and_bytes_and_allocates_them(caplog):
 # ------------------------------------------------------------------------------------------ grid sizing
 
 
-def test_cpu_grid_sizing_is_trivial():
+def test_cpu_planner_has_no_grid():
     p = CanaryPlanner(max_batch_size=4, verify_capacity=10_000, device="cpu")
-    assert p.sm_count == device_sm_count("cpu") == 1
-    # At most BLOCKS_PER_SM blocks per SM, at least one block.
-    assert p.verify_grid_blocks == min(-(-10_000 // 256), 4) == 4
-    assert p.plan_grid_blocks == 1 and p.write_grid_blocks == 1
-    assert launch_grid_blocks(0, device="cpu") == 1
+    assert p.sm_count == 0 and p.grids == {}
 
 
-def test_cuda_sm_count_is_queried_once_per_device(monkeypatch):
+def test_grid_functions_follow_capacities_and_sm_count():
+    # Persistent grids: enough blocks for the capacity, capped per SM by the kernel's own #define.
+    t = int_define("verify.cu", "KVC_VERIFY_THREADS")
+    per_block = t * int_define("verify.cu", "KVC_VERIFY_UNROLL")
+    cap_per_sm = int_define("verify.cu", "KVC_VERIFY_BLOCKS_PER_SM")
+    assert grids.verify_grid(1, False, 132) == grids.Grid(1, t)
+    assert grids.verify_grid(per_block * 3, False, 132) == grids.Grid(3, t)
+    assert grids.verify_grid(per_block * 3 + 1, False, 132) == grids.Grid(4, t)
+    assert grids.verify_grid(10**9, False, 132) == grids.Grid(cap_per_sm * 132, t)
+    assert grids.verify_grid(10**9, False, 16) == grids.Grid(cap_per_sm * 16, t)
+    assert grids.write_grid(5, 132).blocks == 5
+    assert grids.write_grid(10**6, 2).blocks == 2 * int_define("write.cu", "KVC_WRITE_BLOCKS_PER_SM")
+    plan = grids.plan_grids(10**9, 132)
+    assert plan["verify_offsets"].blocks == plan["write_meta"].blocks == 1
+    assert plan["verify_entries"].blocks == 132 * int_define("plan.cu", "KVC_ENTRY_BLOCKS_PER_SM")
+
+
+def test_cuda_planner_reports_the_backend_grids_and_queries_sm_count_once(monkeypatch):
     calls = []
 
-    def props(index):
+    def fake_sm_count(index):
         calls.append(index)
-        return types.SimpleNamespace(multi_processor_count=132 if index == 0 else 16)
+        return 132 if index == 0 else 16
 
-    monkeypatch.setattr(torch.cuda, "get_device_properties", props)
-    planner_mod._sm_count.cache_clear()
-    try:
-        assert device_sm_count("cuda:0") == 132
-        assert device_sm_count(torch.device("cuda", 0)) == 132
-        assert device_sm_count("cuda:1") == 16
-        assert calls == [0, 1]
-        assert launch_grid_blocks(10**7, device="cuda:0") == 4 * 132
-        assert launch_grid_blocks(300, device="cuda:0") == 2
-        assert launch_grid_blocks(10**7, device="cuda:1", blocks_per_sm=2) == 32
-        assert calls == [0, 1]
-    finally:
-        planner_mod._sm_count.cache_clear()
+    monkeypatch.setattr(grids, "sm_count", functools.lru_cache(maxsize=None)(fake_sm_count))
+    for index, sms in ((0, 132), (1, 16), (0, 132)):
+        got_sms, got = planner_mod.launch_grids(torch.device("cuda", index), verify_capacity=10**6,
+                                                write_req_capacity=64)
+        assert got_sms == sms
+        assert got["verify"] == grids.verify_grid(10**6, False, sms)
+        assert got["verify_real_kv"] == grids.verify_grid(10**6, True, sms)
+        assert got["write"] == grids.write_grid(64, sms)
+        assert got["plan_verify_entries"] == grids.plan_grids(10**6, sms)["verify_entries"]
+    assert calls == [0, 1]
 
 
 # ------------------------------------------------------------------------------------------ pool geometry

@@ -14,12 +14,12 @@ from typing import Any
 
 from ..errors import invalid
 from ..interop import import_cupy
+from .grids import sm_count
 from .specs import NVRTC_OPTIONS, KernelSpec, all_specs
 
 _lock = threading.Lock()
 _modules: dict[tuple[int, str], Any] = {}
 _kernels: dict[tuple[int, str, str], Any] = {}
-_sm_counts: dict[int, int] = {}
 
 
 def kernel(spec: KernelSpec, name: str, device_index: int) -> Any:
@@ -45,16 +45,6 @@ def kernel(spec: KernelSpec, name: str, device_index: int) -> Any:
                 _ = k.num_regs
             _kernels[key] = k
     return k
-
-
-def sm_count(device_index: int) -> int:
-    """Number of SMs of CUDA device ``device_index`` (grids are sized from it and the capacities)."""
-    n = _sm_counts.get(device_index)
-    if n is None:
-        cp = import_cupy()
-        n = int(cp.cuda.Device(device_index).attributes["MultiProcessorCount"])
-        _sm_counts[device_index] = n
-    return n
 
 
 def _device_index(device: Any) -> int:
@@ -95,5 +85,5 @@ def warmup(device: Any = None) -> int:
         for name in spec.entry_points:
             kernel(spec, name, index)
             n += 1
-    sm_count(index)
+    sm_count(index)  # cache it now: the launchers size grids from it
     return n

@@ -10,11 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from ..validation import PlanLaunch
-from .launch import ceil_div, i64, launch, ptr
-from .loader import kernel, sm_count
-from .specs import int_define, spec_for
-
-_SRC = "plan.cu"
+from .grids import plan_grids, sm_count
+from .launch import i64, launch, ptr
+from .loader import kernel
+from .specs import spec_for
 
 
 def plan(launch_rec: PlanLaunch, stream: Any = None) -> None:
@@ -28,22 +27,20 @@ def plan(launch_rec: PlanLaunch, stream: Any = None) -> None:
     window = i64(rec.swa_window_size)
     lut_len = i64(rec.lut.shape[0] if rec.lut is not None else 0)
     pool_cols = i64(rec.expected_tokens_pool.shape[1] if rec.expected_tokens_pool is not None else 0)
-    scan_threads = int_define(_SRC, "KVC_SCAN_THREADS")
-    entry_threads = int_define(_SRC, "KVC_ENTRY_THREADS")
-    entry_grid = max(1, min(ceil_div(vp.capacity, entry_threads),
-                            sm_count(dev.index) * int_define(_SRC, "KVC_ENTRY_BLOCKS_PER_SM")))
+    grids = plan_grids(vp.capacity, sm_count(dev.index))
+    g1, g2, g3 = grids["verify_offsets"], grids["verify_entries"], grids["write_meta"]
 
-    launch(kernel(spec, "kvc_plan_verify_offsets", dev.index), 1, scan_threads,
+    launch(kernel(spec, "kvc_plan_verify_offsets", dev.index), g1.blocks, g1.threads,
            (ptr(rec.req_pool_indices), ptr(rec.prefix_lens), bs, max_reqs, max_seq_len, window,
             i64(vp.capacity), ptr(wp.offsets), ptr(vp.num_valid), ptr(vp.enable)),
            dev, stream)
-    launch(kernel(spec, "kvc_plan_verify_entries", dev.index), entry_grid, entry_threads,
+    launch(kernel(spec, "kvc_plan_verify_entries", dev.index), g2.blocks, g2.threads,
            (ptr(wp.offsets), bs, ptr(rec.req_pool_indices), ptr(rec.prefix_lens), window, ptr(rec.req_to_token),
             max_seq_len, ptr(rec.lut), lut_len, ptr(rec.expected_tokens_pool), pool_cols,
             ptr(rec.expected_tokens_valid_lens), i64(rec.token_offset), ptr(vp.num_valid), ptr(vp.enable),
             ptr(vp.slot_indices), ptr(vp.expected_tokens), ptr(vp.expected_positions), ptr(vp.prev_slot_indices)),
            dev, stream)
-    launch(kernel(spec, "kvc_plan_write_meta", dev.index), 1, scan_threads,
+    launch(kernel(spec, "kvc_plan_write_meta", dev.index), g3.blocks, g3.threads,
            (ptr(rec.req_pool_indices), ptr(rec.prefix_lens), ptr(rec.extend_seq_lens), bs, max_reqs, max_seq_len,
             ptr(rec.req_to_token), ptr(rec.lut), lut_len, i64(wp.capacity), ptr(wp.offsets),
             ptr(wp.seed_slot_indices), ptr(wp.num_valid_reqs), ptr(rec.invalid_rows)),

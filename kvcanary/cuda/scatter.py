@@ -9,10 +9,9 @@ from typing import Any
 
 from ..validation import ScatterLaunch
 from .launch import i64, launch, ptr
-from .loader import kernel, sm_count
-from .specs import int_define, spec_for
-
-_SRC = "scatter.cu"
+from .grids import scatter_grid, sm_count
+from .loader import kernel
+from .specs import spec_for
 
 
 def scatter(launch_rec: ScatterLaunch, stream: Any = None) -> None:
@@ -20,9 +19,9 @@ def scatter(launch_rec: ScatterLaunch, stream: Any = None) -> None:
     rec = launch_rec
     dev = rec.device
     bs = rec.req_pool_indices.shape[0]
-    grid = max(1, min(bs, sm_count(dev.index) * int_define(_SRC, "KVC_SCATTER_BLOCKS_PER_SM")))
+    grid = scatter_grid(bs, sm_count(dev.index))
     max_reqs, cols = rec.pool_out.shape
     args = (ptr(rec.flat_in), i64(rec.flat_in.shape[0]), ptr(rec.offsets), ptr(rec.req_pool_indices), i64(bs),
             ptr(rec.pool_out), i64(max_reqs), i64(cols))
-    launch(kernel(spec_for("scatter"), "kvc_scatter", dev.index), grid, int_define(_SRC, "KVC_SCATTER_THREADS"),
-           args, dev, stream)
+    launch(kernel(spec_for("scatter"), "kvc_scatter", dev.index), grid.blocks, grid.threads, args, dev,
+           stream)

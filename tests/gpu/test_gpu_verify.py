@@ -116,6 +116,9 @@ def check_same(out, canary):
     (cbuf, clog, cvp), (gbuf, glog, gvp) = out["cpu"], out["cuda"]
     assert_same_bytes(canary, gbuf, "canary_buf (verify must not write it)")
     assert_same_bytes(cbuf, gbuf, "canary_buf")
+    for field in ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                  "verify_prev_slot_indices", "verify_num_valid", "enable"):  # verify reads its plan only
+        assert_same_bytes(getattr(cvp, field), getattr(gvp, field), field)
     return compare_logs(clog, glog)
 
 
@@ -199,7 +202,7 @@ def test_verify_active_count_on_device(cuda_ready, variant):
         plan["verify_num_valid"][0] = 0
     out = run_verify(case, check=False)
     check_same(out, case[0])
-    (_, clog, _), (_, glog, _) = out["cpu"], out["cuda"]
+    glog = out["cuda"][1]
     assert int(glog.kernel_counter[0]) == int(case[3].kernel_counter[0]) + 1
 
 
