@@ -83,6 +83,3 @@ def launch(fn: Any, grid: int, block: int, args: Sequence[Any], device: Device, 
     with cp.cuda.Device(device.index), _external_stream(cp, handle, device.index):
         fn((int(grid),), (int(block),), tuple(args))
 
-
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
