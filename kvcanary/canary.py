@@ -199,7 +199,11 @@ class KVCanary:
                 swa_window_size=window, kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
                 name="swa")
             if self.max_tokens_per_step is not None:
-                self._swa_loc = torch.full((self.max_tokens_per_step,), -1, dtype=torch.int64, device=self.device)
+                # Translation scratch, allocated once so a captured step allocates nothing.
+                n = self.max_tokens_per_step
+                self._swa_loc = torch.full((n,), -1, dtype=torch.int64, device=self.device)
+                self._swa_idx = torch.zeros((n,), dtype=torch.int64, device=self.device)
+                self._swa_mask = torch.zeros((n,), dtype=torch.bool, device=self.device)
             sources[("k", "swa")] = swa_k
             sources[("v", "swa")] = swa_v
         self.groups = tuple(group_slots)
@@ -297,7 +301,8 @@ class KVCanary:
     @property
     def allocated_bytes(self) -> int:
         """Device bytes held by this canary (buffers, log, counters, sweep plan, scratch, planners)."""
-        scratch = self._swa_loc.numel() * 8 if self._swa_loc is not None else 0
+        scratch = 0 if self._swa_loc is None else sum(
+            t.numel() * t.element_size() for t in (self._swa_loc, self._swa_idx, self._swa_mask))
         return (self._buffer_bytes() + self._log_bytes() + VerifyPlan.allocation_bytes(self.sweep_capacity)
                 + scratch + sum(p.allocated_bytes for p in self.planners.values()))
 
@@ -444,12 +449,14 @@ class KVCanary:
         n = loc.shape[0]
         # Gather with clamped indices (never out of bounds), then restore the sentinels: -1 stays "skip",
         # an index past the table becomes swa.num_slots so the write reports it as slot_out_of_range.
-        idx = loc.clamp(0, lut.shape[0] - 1)
-        out = torch.where(loc < 0, torch.full_like(loc, -1),
-                          torch.where(loc >= lut.shape[0], torch.full_like(loc, self.group_slots["swa"]),
-                                      lut.index_select(0, idx)))
-        dst = self._swa_loc[:n]
-        dst.copy_(out)
+        # Every op writes into preallocated scratch (out=, in place): nothing is allocated inside a capture.
+        idx, mask, dst = self._swa_idx[:n], self._swa_mask[:n], self._swa_loc[:n]
+        torch.clamp(loc, 0, lut.shape[0] - 1, out=idx)
+        torch.index_select(lut, 0, idx, out=dst)
+        torch.lt(loc, 0, out=mask)
+        dst.masked_fill_(mask, -1)
+        torch.ge(loc, lut.shape[0], out=mask)
+        dst.masked_fill_(mask, self.group_slots["swa"])
         return dst
 
     def sweep(self, slots: Any, positions: Any, prev_slots: Any, *, expected_tokens: Any = None,

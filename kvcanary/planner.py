@@ -265,7 +265,8 @@ class CanaryPlanner:
             )
             # Cumulative statistics on the device (no sync): plans, overflows (enable == 0), invalid rows.
             self._stats[STAT_PLANS:STAT_PLANS + 1].add_(1)
-            self._stats[STAT_OVERFLOWS:STAT_OVERFLOWS + 1].add_(1 - self.verify_plan.enable)
+            # overflows += 1 - enable, in place: a temporary would allocate inside a graph capture
+            self._stats[STAT_OVERFLOWS:STAT_OVERFLOWS + 1].sub_(self.verify_plan.enable).add_(1)
             self._stats[STAT_INVALID_ROWS:STAT_INVALID_ROWS + 1].add_(self.invalid_rows)
         return self.verify_plan, self.write_plan
 

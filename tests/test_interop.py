@@ -247,7 +247,12 @@ def test_all_cuda_arrays_dispatch_to_the_cuda_backend(monkeypatch):
 
 
 def test_cuda_backend_unavailable_is_a_clear_error(monkeypatch):
+    # Hide the backend even where it was imported already (on a GPU machine): the fake CUDA views below
+    # hold host pointers, so a real launch would fault.
+    import kvcanary.cuda  # noqa: PLC0415
+
     monkeypatch.setitem(sys.modules, "kvcanary.cuda.backend", None)
+    monkeypatch.delattr(kvcanary.cuda, "backend", raising=False)
     ts, args = scatter_args(lambda k: CUDA0)
     with pytest.raises(CudaBackendUnavailableError) as e:
         kc.launch_scatter_req_token_ids_kernel(**args)
