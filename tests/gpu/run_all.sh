@@ -5,8 +5,10 @@
 #
 # 1. tests      - the whole test suite, GPU tests included:       python3 -m pytest -q tests
 # 2. memcheck   - the GPU tests again under compute-sanitizer --tool memcheck, with KVCANARY_GPU_SMALL=1
-#                 (the GPU tests shrink their sizes: tests/gpu/gpu_util.size) and PyTorch's caching allocator off, so every tensor
-#                 is its own cudaMalloc and an out-of-bounds access is not hidden inside a pooled block
+#                 (the GPU tests shrink their sizes: tests/gpu/gpu_util.size) and PyTorch's caching allocator
+#                 off, so every tensor is its own cudaMalloc and an out-of-bounds access is not hidden inside a
+#                 pooled block; then the tests marked torch_graph_pool (they capture torch's own allocating ops,
+#                 which need the caching allocator's graph pool) under memcheck with the allocator on
 # 3. racecheck  - the GPU tests of the kernel families whose sources use __shared__ (found by grepping
 #                 kernels_cu/), under compute-sanitizer --tool racecheck
 # 4. bench      - bench/bench_cuda.py (writes $OUT/bench.md)
@@ -132,11 +134,22 @@ if has_part memcheck; then
         KVCANARY_GPU_SMALL="$SANITIZER_SMALL" PYTORCH_NO_CUDA_MEMORY_CACHING=1 \
             run_part memcheck "$T_MEMCHECK" "$OUT/memcheck.log" \
             "$SANITIZER" --tool memcheck --error-exitcode 97 --print-limit 100 \
-            "$PY" -m pytest -q -p no:cacheprovider tests/gpu "${kargs[@]}"
+            "$PY" -m pytest -q -p no:cacheprovider tests/gpu -m "not torch_graph_pool" "${kargs[@]}"
         rc=$?
         errs=$(sanitizer_errors "$OUT/memcheck.log")
         [[ $rc -ne 0 || "$errs" != "0" ]] && FAILED=1
         SUMMARY+=("memcheck|$(result_word $rc): $(pytest_tail "$OUT/memcheck.log")|$PART_SECONDS|$errs")
+        # Tests that capture torch's own allocating ops need torch's graph pool, i.e. the caching allocator
+        # (without it every allocation is a cudaMalloc, which a capture forbids); appended to the same log.
+        KVCANARY_GPU_SMALL="$SANITIZER_SMALL" \
+            run_part "memcheck (caching allocator)" "$T_MEMCHECK" "$OUT/memcheck_pool.log" \
+            "$SANITIZER" --tool memcheck --error-exitcode 97 --print-limit 100 \
+            "$PY" -m pytest -q -p no:cacheprovider tests/gpu -m torch_graph_pool
+        rc=$?
+        errs=$(sanitizer_errors "$OUT/memcheck_pool.log")
+        [[ $rc -ne 0 || "$errs" != "0" ]] && FAILED=1
+        SUMMARY+=("memcheck (graph-pool tests)|$(result_word $rc): $(pytest_tail "$OUT/memcheck_pool.log")|$PART_SECONDS|$errs")
+        cat "$OUT/memcheck_pool.log" >>"$OUT/memcheck.log" && rm -f "$OUT/memcheck_pool.log"
     fi
 fi
 
