@@ -154,23 +154,25 @@ class Violation:
     def reason_labels(self) -> list[str]:
         return reason_labels(int(self.reasons))
 
+    def _tag_part(self, index: int) -> str:
+        # Tag names are PHASE_KV_GROUP (e.g. TAIL_K_SWA).
+        name = self.tag_name
+        return "unknown" if name.startswith("unknown") else name.split("_")[index].lower()
+
     @property
     def phase(self) -> str:
         """``"head"``, ``"tail"`` or ``"sweep"`` (``"unknown"`` for an unknown tag)."""
-        name = self.tag_name
-        return name.split("_")[0].lower() if not name.startswith("unknown") else "unknown"
+        return self._tag_part(0)
 
     @property
     def kv(self) -> str:
         """``"k"`` or ``"v"`` (``"unknown"`` for an unknown tag)."""
-        name = self.tag_name
-        return name.split("_")[1].lower() if not name.startswith("unknown") else "unknown"
+        return self._tag_part(1)
 
     @property
     def group(self) -> str:
         """``"full"`` or ``"swa"`` (``"unknown"`` for an unknown tag)."""
-        name = self.tag_name
-        return name.split("_")[2].lower() if not name.startswith("unknown") else "unknown"
+        return self._tag_part(2)
 
     @property
     def kernel(self) -> str:
