@@ -37,6 +37,27 @@ _VERIFY_BITS = (FailReason.VERIFY_CHAIN_HASH_MISMATCH | FailReason.VERIFY_POSITI
                 | FailReason.VERIFY_REAL_KV_HASH_MISMATCH | FailReason.VERIFY_TOKEN_MISMATCH)
 _WRITE_BITS = FailReason.WRITE_TOKEN_MISMATCH | FailReason.WRITE_POSITION_MISMATCH
 
+# What each failed check means, for Violation.explain(), in the order the lines are printed.
+_CHECK_EXPLANATIONS = {
+    FailReason.WRITE_TOKEN_MISMATCH: "write_token - the token being written is not the token the engine expected "
+                                     "at this position (wrong input_ids)",
+    FailReason.WRITE_POSITION_MISMATCH: "write_position - the position does not continue the request's chain "
+                                        "(expected the previous position + 1): a shifted or repeated position",
+    FailReason.VERIFY_CHAIN_HASH_MISMATCH: "chain_hash - the slot was not written as the successor of the slot the "
+                                           "request maps to the previous position: a remapped, recycled or "
+                                           "overwritten slot",
+    FailReason.VERIFY_POSITION_MISMATCH: "position - the slot holds a token of another position: the request reads "
+                                         "a slot that belongs elsewhere",
+    FailReason.VERIFY_TOKEN_MISMATCH: "verify_token - the slot holds another token than the request's known token "
+                                      "ids",
+    FailReason.VERIFY_REAL_KV_HASH_MISMATCH: "real_kv_hash - the real K/V bytes changed since they were written: a "
+                                             "stray write, bit flip or bad offload/transfer",
+}
+
+
+def _failed_checks(bits: int) -> list[str]:
+    return [f"  check failed: {text}" for flag, text in _CHECK_EXPLANATIONS.items() if bits & int(flag)]
+
 #: Regular expression matching one ``str(Violation)`` line; groups are named after the fields.
 VIOLATION_LINE_RE = re.compile(
     r"kv_canary violation: launch_tag=(?P<launch_tag>\S+) fail_reason=(?P<fail_reason>\S+) "
@@ -214,30 +235,14 @@ class Violation:
             lines.append(f"  written:  token {self.stored_token}, position {self.position}, "
                          f"running chain {_hex64(self.stored_chain_hash)}")
             lines.append(f"  expected: token {self.expected_token}, position {exp_pos}")
-            if bits & int(FailReason.WRITE_TOKEN_MISMATCH):
-                lines.append("  check failed: write_token - the token being written is not the token the engine "
-                             "expected at this position (wrong input_ids)")
-            if bits & int(FailReason.WRITE_POSITION_MISMATCH):
-                lines.append("  check failed: write_position - the position does not continue the request's chain "
-                             "(expected the previous position + 1): a shifted or repeated position")
+            lines += _failed_checks(bits & int(_WRITE_BITS))
         if bits & int(_VERIFY_BITS):
             exp_tok = "unchecked" if self.expected_token == -1 else str(self.expected_token)
             lines.append(f"  stored:   token {self.stored_token}, position {self.position}, "
                          f"prev_hash {_hex64(self.stored_chain_hash)}")
             lines.append(f"  expected: token {exp_tok}, prev_hash {_hex64(self.expected_aux)} "
                          f"(hash of the predecessor slot's record)")
-            if bits & int(FailReason.VERIFY_CHAIN_HASH_MISMATCH):
-                lines.append("  check failed: chain_hash - the slot was not written as the successor of the slot "
-                             "the request maps to the previous position: a remapped, recycled or overwritten slot")
-            if bits & int(FailReason.VERIFY_POSITION_MISMATCH):
-                lines.append("  check failed: position - the slot holds a token of another position: the request "
-                             "reads a slot that belongs elsewhere")
-            if bits & int(FailReason.VERIFY_TOKEN_MISMATCH):
-                lines.append("  check failed: verify_token - the slot holds another token than the request's "
-                             "known token ids")
-            if bits & int(FailReason.VERIFY_REAL_KV_HASH_MISMATCH):
-                lines.append("  check failed: real_kv_hash - the real K/V bytes changed since they were written: "
-                             "a stray write, bit flip or bad offload/transfer")
+            lines += _failed_checks(bits & int(_VERIFY_BITS))
         if not bits:
             lines.append("  no fail-reason bit set (malformed row)")
         lines.append(f"  log line: {self}")
