@@ -94,12 +94,6 @@ class ArrayView:
             expected *= size
         return True
 
-    def span_bytes(self) -> int:
-        """Bytes from element 0 to one past the last element (0 for an empty array)."""
-        if self.numel == 0:
-            return 0
-        return (sum((s - 1) * st for s, st in zip(self.shape, self.strides)) + 1) * self.itemsize
-
     def host(self) -> np.ndarray:
         """A writable NumPy array over the caller's CPU memory (no copy), with this view's shape and strides."""
         if self.dtype not in _NUMPY_DTYPES:
