@@ -162,7 +162,6 @@ def copy_bandwidth(timer: Timer, runs: int) -> float:
     src = torch.empty(n, dtype=torch.uint8, device=timer.device).random_(0, 256)
     dst = torch.empty_like(src)
     us = timer.eager(lambda: dst.copy_(src), runs=runs, warmup=3, flush=False)
-    del src, dst
     return 2 * n / (us * 1e3)
 
 
@@ -361,9 +360,9 @@ def table(rows: list[Row], copy_gbs: float) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         bpu = BYTES_PER_UNIT[r.op]
-        gbs = lambda us: None if (us is None or r.units == 0) else bpu * r.units / (us * 1e3)  # noqa: E731
+        gbs = lambda us, r=r, bpu=bpu: None if (us is None or r.units == 0) else bpu * r.units / (us * 1e3)
         eg, gg = gbs(r.eager_us), gbs(r.graph_us)
-        pct = lambda x: None if x is None else 100 * x / copy_gbs  # noqa: E731
+        pct = lambda x: None if x is None else 100 * x / copy_gbs
         ns_tok = None
         if r.op == "write":
             ext = SHAPES[r.shape]["extend"]
@@ -400,7 +399,7 @@ def main(argv=None) -> int:
     dev = torch.device("cuda", torch.cuda.current_device())
     props = torch.cuda.get_device_properties(dev)
     try:
-        import cupy  # noqa: PLC0415
+        import cupy
         cupy_version = cupy.__version__
     except ImportError:
         cupy_version = "missing"

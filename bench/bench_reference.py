@@ -22,12 +22,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import kvcanary as kc  # noqa: E402
-from kvcanary import consts  # noqa: E402
-from kvcanary.interop import view  # noqa: E402
-from kvcanary.reference import hashing  # noqa: E402
-from kvcanary.reference.realkv import fingerprint  # noqa: E402
-from kvcanary.validation import RealKvSourceView  # noqa: E402
+import kvcanary as kc
+from kvcanary import consts
+from kvcanary.ops.interop import view
+from kvcanary.ops.launches import RealKvSourceView
+from kvcanary.ops.reference import hashing
+from kvcanary.ops.reference.realkv import fingerprint
 
 
 def t64(a) -> torch.Tensor:
@@ -103,7 +103,8 @@ def bench_verify(runs: int, num_reqs: int = 250, length: int = 4000, mode: int =
         sources = (kc.RealKvSource(tensor=kv, page_size=1, num_bytes_per_token=64, read_bytes=64),)
         # Stamp the fingerprints so the check is clean (the write op would do this).
         src = sources[0]
-        sv = RealKvSourceView(view("kv", kv), 1, 64, 64, src.row_bytes, src.row_stride_bytes)
+        sv = RealKvSourceView(tensor=view("kv", kv), page_size=1, num_bytes_per_token=64, read_bytes=64,
+                              row_bytes=src.row_bytes, row_stride_bytes=src.row_stride_bytes, num_rows=kv.shape[0])
         buf.numpy().view(np.int64)[:, 3] = fingerprint((sv,), mode, np.arange(buf.shape[0])).view(np.int64)
     n = num_reqs * length
     vp = kc.VerifyPlan.allocate(verify_capacity=n)

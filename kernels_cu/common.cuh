@@ -1,4 +1,4 @@
-// kvcanary: helpers shared by every kernel. Python twins: kvcanary/reference/{hashing,realkv,log,plan}.py.
+// kvcanary: helpers shared by every kernel. Python twins: kvcanary/ops/reference/{hashing,realkv,log,plan}.py.
 //
 // Two halves:
 //  * pure helpers (hashes, the real-KV fold step, bounds decisions, ring-index rule): `__host__ __device__`,
@@ -69,7 +69,7 @@ KVC_HD kvc_u64 kvc_real_kv_offset(kvc_i64 slot, kvc_i64 page_size, kvc_i64 bytes
 KVC_HD bool kvc_ring_index_ok(kvc_i64 i, kvc_i64 ring_capacity) { return i >= 0 && i < ring_capacity; }
 
 // ---------------------------------------------------------------------------------------------------
-// Bounds rule (SPEC §9) and plan arithmetic (SPEC §5). Same decisions as kvcanary/reference/*.py.
+// Bounds rule (SPEC §9) and plan arithmetic (SPEC §5). Same decisions as kvcanary/ops/reference/*.py.
 
 // Plan: a row is valid iff its pool index is inside req_to_token and its prefix fits the row.
 KVC_HD bool kvc_plan_row_valid(kvc_i64 rp, kvc_i64 prefix, kvc_i64 max_reqs, kvc_i64 max_seq_len) {

@@ -1,4 +1,4 @@
-// kvcanary plan kernels (SPEC §5). CPU twin: kvcanary/reference/plan.py; launcher: kvcanary/cuda/plan.py.
+// kvcanary plan kernels (SPEC §5). CPU twin: kvcanary/ops/reference/plan.py; launcher: kvcanary/ops/cuda/plan.py.
 //
 // Specializations: KVC_HAS_LUT (T(x) goes through full_to_swa_index_mapping), KVC_HAS_POOL (expected
 // tokens are gathered from req_to_verify_expected_tokens). Absent arrays are passed as null pointers.

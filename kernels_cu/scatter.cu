@@ -1,5 +1,5 @@
-// kvcanary scatter of request token ids (SPEC §8). CPU twin: kvcanary/reference/scatter.py;
-// launcher: kvcanary/cuda/scatter.py.
+// kvcanary scatter of request token ids (SPEC §8). CPU twin: kvcanary/ops/reference/scatter.py;
+// launcher: kvcanary/ops/cuda/scatter.py.
 //
 // A fixed grid strides over the batch rows; each block copies one row's tokens with coalesced loads
 // and stores, narrowing int64 to int32 like a C cast.

@@ -1,4 +1,4 @@
-// kvcanary verify kernel (SPEC §7). CPU twin: kvcanary/reference/verify.py; launcher: kvcanary/cuda/verify.py.
+// kvcanary verify kernel (SPEC §7). CPU twin: kvcanary/ops/reference/verify.py; launcher: kvcanary/ops/cuda/verify.py.
 //
 // Specializations: KVC_CHECK_TOKEN (check_verify_expected_token), KVC_HAS_REAL_KV (fingerprint real KV;
 // 0 = NONE mode or no sources, the fingerprint is 0).

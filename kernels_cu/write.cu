@@ -1,4 +1,4 @@
-// kvcanary write kernel (SPEC §6). CPU twin: kvcanary/reference/write.py; launcher: kvcanary/cuda/write.py.
+// kvcanary write kernel (SPEC §6). CPU twin: kvcanary/ops/reference/write.py; launcher: kvcanary/ops/cuda/write.py.
 //
 // Specializations: KVC_INPUT_ASSERT (check tokens/positions against the expected arrays),
 // KVC_HAS_REAL_KV (fingerprint real KV; 0 = NONE mode or no sources, the fingerprint is 0).

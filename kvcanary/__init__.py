@@ -2,12 +2,15 @@
 
 A 32-byte canary record per KV slot is stamped when tokens are written and re-verified before the cache
 is read; mismatches land in a device-side violation log. Same on-device format as SGLang's KV-canary
-(see SPEC.md). Runs on the CPU (NumPy reference) or on CUDA (CuPy JIT kernels).
+(see docs/SPEC.md). Runs on the CPU (NumPy reference) or on CUDA (CuPy JIT kernels).
+
+Layers: :mod:`kvcanary.ops` (kernel-level ops: structures, validation, CPU reference, CUDA backend),
+:mod:`kvcanary.runtime` (planner, :class:`KVCanary`, reporting, health), :mod:`kvcanary.testing` (fault
+injectors, an engine-shaped workload, the demo). Everything public is importable from ``kvcanary``.
 """
 
-from . import faults
-from .canary import KVCanary, SwaConfig
-from .consts import (
+from kvcanary._version import __version__
+from kvcanary.consts import (
     CanaryLaunchTag,
     FailReason,
     LaunchTag,
@@ -15,18 +18,8 @@ from .consts import (
     splitmix64,
     splitmix64_mix3,
 )
-from .cuda.loader import warmup
-from .errors import CudaBackendUnavailableError, KvCanaryDTypeError
-from .health import CanaryHealth, CanaryNotRunningError, CanaryWatchdog, TagCounters
-from .ops import (
-    launch_canary_plan_kernels,
-    launch_canary_verify_kernel,
-    launch_canary_write_kernel,
-    launch_scatter_req_token_ids_kernel,
-)
-from .planner import CanaryPlanner
-from .report import CanaryViolationError, Violation
-from .structs import (
+from kvcanary.errors import CudaBackendUnavailableError, KvCanaryDTypeError
+from kvcanary.ops import (
     RealKvSource,
     VerifyOrWriteContext,
     VerifyPlan,
@@ -34,34 +27,43 @@ from .structs import (
     WritePlan,
     allocate_canary_buffer,
     allocate_chain_position_flag,
+    launch_canary_plan_kernels,
+    launch_canary_verify_kernel,
+    launch_canary_write_kernel,
+    launch_scatter_req_token_ids_kernel,
 )
-
-__version__ = "0.1.0"
+from kvcanary.ops.cuda.loader import warmup
+from kvcanary.runtime.canary import KVCanary, SwaConfig
+from kvcanary.runtime.health import CanaryHealth, CanaryNotRunningError, CanaryWatchdog, TagCounters
+from kvcanary.runtime.planner import CanaryPlanner
+from kvcanary.runtime.report import CanaryViolationError, Violation
+from kvcanary.testing import faults
 
 __all__ = [
     "CanaryHealth",
+    "CanaryLaunchTag",
     "CanaryNotRunningError",
     "CanaryPlanner",
     "CanaryViolationError",
     "CanaryWatchdog",
-    "KVCanary",
-    "SwaConfig",
-    "TagCounters",
-    "Violation",
-    "faults",
-    "CanaryLaunchTag",
     "CudaBackendUnavailableError",
     "FailReason",
+    "KVCanary",
     "KvCanaryDTypeError",
     "LaunchTag",
     "RealKvHashMode",
     "RealKvSource",
+    "SwaConfig",
+    "TagCounters",
     "VerifyOrWriteContext",
     "VerifyPlan",
+    "Violation",
     "ViolationLog",
     "WritePlan",
+    "__version__",
     "allocate_canary_buffer",
     "allocate_chain_position_flag",
+    "faults",
     "launch_canary_plan_kernels",
     "launch_canary_verify_kernel",
     "launch_canary_write_kernel",

@@ -12,7 +12,7 @@ def main(argv: list[str] | None = None) -> int:
               "  demo   drive a KVCanary through a simulated serving workload, then run every fault injector")
         return 0 if argv else 2
     if argv[0] == "demo":
-        from .demo import main as demo_main  # noqa: PLC0415
+        from kvcanary.testing.demo import main as demo_main
 
         return demo_main(argv[1:])
     print(f"kv-canary: unknown command {argv[0]!r}; try: python -m kvcanary demo", file=sys.stderr)

@@ -4,7 +4,7 @@ This module is the single Python definition of every value in SPEC §2. Its CUDA
 ``kernels_cu/consts.cuh``; ``tests/test_consts_sync.py`` parses the header and checks that both agree.
 
 The hashes here work on Python ints (any value; the result is the u64 bit pattern as a non-negative int).
-Vectorized NumPy versions live in :mod:`kvcanary.reference.hashing`.
+Vectorized NumPy versions live in :mod:`kvcanary.ops.reference.hashing`.
 """
 
 from __future__ import annotations

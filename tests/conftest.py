@@ -1,9 +1,9 @@
 """Shared set-up of the CPU test suite.
 
-The helpers live in two plain modules next to this file (pytest puts this directory on ``sys.path``):
-``spec_model`` (the scalar, from-SPEC oracle; imports nothing from kvcanary) and ``canary_testlib`` (tensor
-builders, poisoning, and runners that compare an op with the model byte for byte). GPU tests live in
-``tests/gpu`` with their own conftest.
+Tests are grouped by layer: ``tests/ops`` (kernel-level ops and the CPU reference), ``tests/runtime``
+(planner, canary object, reports), ``tests/testing`` (fault injectors, the demo, the notebooks) and ``tests/gpu``
+(the CUDA backend, with its own conftest that skips without a GPU). Their helpers are the package
+``tests/support`` (importable as ``support``).
 """
 
 from __future__ import annotations

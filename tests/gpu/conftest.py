@@ -6,7 +6,7 @@ build of torch or a CUDA GPU, and individual tests are skipped by capability:
 
 Every kernel needs sm_70 or newer (warp-synchronous intrinsics, independent thread scheduling), so the
 whole directory is skipped below that. ``KVCANARY_GPU_SMALL=1`` shrinks the sizes (used under
-compute-sanitizer, which is much slower); see ``gpu_util.size``.
+compute-sanitizer, which is much slower); see ``support.gpu_util.size``.
 """
 
 from __future__ import annotations

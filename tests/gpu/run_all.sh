@@ -5,7 +5,7 @@
 #
 # 1. tests      - the whole test suite, GPU tests included:       python3 -m pytest -q tests
 # 2. memcheck   - the GPU tests again under compute-sanitizer --tool memcheck, with KVCANARY_GPU_SMALL=1
-#                 (the GPU tests shrink their sizes: tests/gpu/gpu_util.size) and PyTorch's caching allocator
+#                 (the GPU tests shrink their sizes: tests/support/gpu_util.size) and PyTorch's caching allocator
 #                 off, so every tensor is its own cudaMalloc and an out-of-bounds access is not hidden inside a
 #                 pooled block; then the tests marked torch_graph_pool (they capture torch's own allocating ops,
 #                 which need the caching allocator's graph pool) under memcheck with the allocator on

@@ -13,11 +13,11 @@ cp = pytest.importorskip("cupy")
 if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
-import kvcanary as kc  # noqa: E402
+import kvcanary as kc  # noqa: E402 - after the skips above
 from kvcanary import CanaryLaunchTag as T  # noqa: E402
 from kvcanary import FailReason as F  # noqa: E402
 from kvcanary import faults  # noqa: E402
-from kvcanary.simulate import FAULT_NAMES, ServingSimulation, SimConfig, run_fault_scenario  # noqa: E402
+from kvcanary.testing.engine import FAULT_NAMES, ServingSimulation, SimConfig, run_fault_scenario  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 PAGE, DIM = 4, 16                      # 16 int16 = 32 bytes of K (and of V) per token
@@ -51,7 +51,7 @@ class GraphEngine:
             mode="quiet", expected_tokens_shape=(MAX_REQS, MAX_SEQ))
         self.r2t = torch.zeros((MAX_REQS, MAX_SEQ), dtype=torch.int32, device=DEV)
         self.pool = torch.zeros((MAX_REQS, MAX_SEQ), dtype=torch.int32, device=DEV)
-        z = lambda: torch.zeros(BS, dtype=torch.int64, device=DEV)  # noqa: E731
+        z = lambda: torch.zeros(BS, dtype=torch.int64, device=DEV)
         self.static = dict(req_pool_indices=z(), prefix_lens=z(), extend_seq_lens=z(), req_to_token=self.r2t,
                            input_ids=z(), positions=z(), out_cache_loc=z(), expected_tokens=self.pool,
                            expected_tokens_valid_lens=z())
@@ -85,7 +85,7 @@ def _prefill_args(lengths, rng):
         ids += tokens[row]
         pos += list(range(n))
         loc += slots[row]
-    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEV)  # noqa: E731
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=DEV)
     args = dict(req_pool_indices=t(ROWS), prefix_lens=t([0] * 4), extend_seq_lens=t(lengths), input_ids=t(ids),
                 positions=t(pos), out_cache_loc=t(loc), expected_tokens_valid_lens=t(lengths))
     return args, tokens, slots
@@ -140,11 +140,10 @@ def test_captured_head_tail_step_replays_like_eager():
         with e.canary.warmup():
             e.eager(e.static)
     g = torch.cuda.CUDAGraph()
-    with graphed.canary.warmup():
-        with torch.cuda.graph(g):
-            graphed.canary.step("head", **graphed.static)
-            graphed.forward(graphed.static)
-            graphed.canary.step("tail", **graphed.static)
+    with graphed.canary.warmup(), torch.cuda.graph(g):
+        graphed.canary.step("head", **graphed.static)
+        graphed.forward(graphed.static)
+        graphed.canary.step("tail", **graphed.static)
     assert graphed.canary.chain_position_assert
 
     rng = np.random.default_rng(7)
@@ -213,7 +212,7 @@ def test_every_fault_is_caught_on_cuda_as_on_cpu(name):
 
 def test_reporting_stays_one_step_late_on_cuda():
     e = GraphEngine()
-    rng, tokens, slots = _setup(e, 5)
+    _rng, tokens, slots = _setup(e, 5)
     faults.remap_req_to_token(e.r2t, req_pool_index=1, position=1, new_slot=slots[2][0])
     _fill_decode(e, tokens, slots, [1, 2, 3, 4])
     e.canary.step("head", **e.static)

@@ -9,10 +9,17 @@ import torch
 
 import kvcanary as kc
 from kvcanary.consts import CanaryLaunchTag
-from gpu_util import LogState, assert_same_bytes, build_chains, compare_logs, context, make_log, rng_for, t
-
-import test_gpu_verify as tv
-
+from support.gpu_util import (
+    LogState,
+    assert_same_bytes,
+    build_chains,
+    compare_logs,
+    context,
+    make_log,
+    make_verify_case,
+    rng_for,
+    t,
+)
 
 # ----------------------------------------------------------------------------------------------------------
 # CUDA graphs: plan -> verify -> write captured once, replayed over decode steps with inputs refilled in place.
@@ -128,8 +135,8 @@ def test_op_runs_on_callers_stream(cuda_ready, how):
     import cupy
 
     rng = rng_for("stream", how)
-    case = tv.make_case(rng, num_slots=20_000, n_chains=60, len_lo=50, len_hi=200, corrupt=0.05)
-    canary, sources, plan, log, mode = case
+    case = make_verify_case(rng, num_slots=20_000, n_chains=60, len_lo=50, len_hi=200, corrupt=0.05)
+    canary, _sources, plan, log, _mode = case
     # Reference on the CPU.
     cpu_log = log.to("cpu")
     kc.launch_canary_verify_kernel(context=context(canary.clone(), cpu_log, tag=1), plan=kc.VerifyPlan(**plan),
@@ -183,8 +190,8 @@ def test_zero_copy_cupy_and_dlpack(cuda_ready):
     import cupy
 
     rng = rng_for("zero-copy")
-    case = tv.make_case(rng, num_slots=10_000, n_chains=40, len_lo=20, len_hi=150, corrupt=0.05)
-    canary, sources, plan, log, mode = case
+    case = make_verify_case(rng, num_slots=10_000, n_chains=40, len_lo=20, len_hi=150, corrupt=0.05)
+    canary, _sources, plan, log, _mode = case
     cpu_log = log.to("cpu")
     kc.launch_canary_verify_kernel(context=context(canary.clone(), cpu_log, tag=5), plan=kc.VerifyPlan(**plan),
                                    check_verify_expected_token=False)
@@ -215,8 +222,8 @@ def test_zero_copy_cupy_and_dlpack(cuda_ready):
 def test_arrays_device_not_current_device(cuda_ready, data_dev, current_dev):
     kc.warmup(device=data_dev)
     rng = rng_for("device", data_dev)
-    case = tv.make_case(rng, num_slots=20_000, n_chains=60, len_lo=50, len_hi=200, corrupt=0.05)
-    canary, sources, plan, log, mode = case
+    case = make_verify_case(rng, num_slots=20_000, n_chains=60, len_lo=50, len_hi=200, corrupt=0.05)
+    canary, _sources, plan, log, _mode = case
     cpu_log = log.to("cpu")
     kc.launch_canary_verify_kernel(context=context(canary.clone(), cpu_log, tag=1), plan=kc.VerifyPlan(**plan),
                                    check_verify_expected_token=True)

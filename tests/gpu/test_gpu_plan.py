@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import kvcanary as kc
-from gpu_util import assert_same_bytes, random_bytes, rng_for, size, t
+from support.gpu_util import assert_same_bytes, random_bytes, rng_for, size, t
 
 COMBOS = [(False, False), (True, False), (False, True), (True, True)]  # (has_lut, has_pool)
 

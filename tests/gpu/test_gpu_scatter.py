@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kvcanary as kc
-from gpu_util import assert_same_bytes, random_bytes, rng_for, t
+from support.gpu_util import assert_same_bytes, random_bytes, rng_for, t
 
 
 @pytest.mark.parametrize("bs", [1, 33, 4097])

@@ -18,82 +18,19 @@ import torch
 
 import kvcanary as kc
 from kvcanary.consts import FailReason, RealKvHashMode
-from gpu_util import (
-    LogState, assert_same_bytes, build_chains, compare_logs, context, fingerprints, make_log, make_source,
-    random_bytes, rng_for, size, sort_rows, t,
+from support.gpu_util import (
+    LogState,
+    assert_same_bytes,
+    compare_logs,
+    context,
+    make_verify_case,
+    rng_for,
+    size,
+    sort_rows,
+    t,
 )
 
 NONE, PARTIAL, ALL = RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL
-
-
-def make_case(rng, *, num_slots, n_chains, len_lo, len_hi, stride=32, mode=NONE, source_cfgs=(),
-              corrupt=0.05, windowed=True, extra_capacity=16, ring_cap=None, start_index=0):
-    """Canary, sources, plan and log of one verify launch (CPU tensors)."""
-    canary = random_bytes(rng, (num_slots, stride), torch.uint8)
-    recs = canary.numpy().view(np.int64)
-    sources = [make_source(rng, num_slots, **cfg) for cfg in source_cfgs]
-    lens = rng.integers(len_lo, len_hi + 1, n_chains)
-    assert lens.sum() < num_slots
-    perm = rng.permutation(np.arange(1, num_slots))[: lens.sum()]
-    chains = np.split(perm, np.cumsum(lens)[:-1])
-    tokens = [rng.integers(-(1 << 62), 1 << 62, n) for n in lens]
-    rkv = np.zeros(num_slots, np.int64)
-    rkv[perm] = fingerprints(sources, mode, perm)
-    build_chains(recs, chains, tokens, rkv)
-
-    slot, prev, exp_tok, exp_pos = [], [], [], []
-    for c, tk in zip(chains, tokens):
-        ws = int(rng.integers(0, len(c))) if windowed and rng.random() < 0.3 else 0
-        j = np.arange(ws, len(c))
-        slot.append(c[j])
-        prev.append(np.where(j > 0, c[np.maximum(j - 1, 0)], -1))
-        exp_tok.append(np.where(rng.random(len(j)) < 0.2, -1, tk[j]))
-        exp_pos.append(j)
-    slot, prev, exp_tok, exp_pos = (np.concatenate(x).astype(np.int64) for x in (slot, prev, exp_tok, exp_pos))
-    n = len(slot)
-
-    # Corrupt a random share of the entries, one kind each.
-    k = int(n * corrupt)
-    idx = rng.choice(n, k, replace=False) if k else np.zeros(0, np.int64)
-    kinds = rng.integers(0, 12, k)
-    for e, kind in zip(idx, kinds):
-        s = slot[e]
-        if kind == 0:
-            recs[s, 0] ^= 1 << int(rng.integers(0, 63))  # stored token
-        elif kind == 1:
-            recs[s, 1] += int(rng.integers(1, 5))  # stored position
-        elif kind == 2:
-            recs[s, 2] ^= 1 << int(rng.integers(0, 63))  # chain hash
-        elif kind == 3:
-            recs[s, 3] ^= 1 << int(rng.integers(0, 63))  # real-KV hash
-        elif kind == 4:
-            exp_tok[e] = int(rng.integers(0, 1 << 40))
-        elif kind == 5:
-            exp_pos[e] += 1
-        elif kind == 6:
-            slot[e] = 0  # padding entry: skipped
-        elif kind == 7:
-            prev[e] = 0  # unknown predecessor: no chain check
-        elif kind == 8:
-            prev[e] = -2  # LUT miss: a chain head
-        elif kind == 9:
-            slot[e] = num_slots + int(rng.integers(0, 1 << 40))  # out of range
-        elif kind == 10:
-            slot[e] = -int(rng.integers(1, 1 << 40))  # negative
-        else:
-            prev[e] = num_slots + int(rng.integers(0, 3))  # prev out of range
-
-    cap = n + extra_capacity
-    plan = dict(
-        verify_slot_indices=t(np.concatenate([slot, rng.integers(-(1 << 62), 1 << 62, cap - n)])),
-        verify_expected_tokens=t(np.concatenate([exp_tok, rng.integers(-(1 << 62), 1 << 62, cap - n)])),
-        verify_expected_positions=t(np.concatenate([exp_pos, rng.integers(-(1 << 62), 1 << 62, cap - n)])),
-        verify_prev_slot_indices=t(np.concatenate([prev, rng.integers(-(1 << 62), 1 << 62, cap - n)])),
-        verify_num_valid=torch.tensor([n], dtype=torch.int32),
-        enable=torch.tensor([1], dtype=torch.int32),
-    )
-    log = make_log(rng, ring_cap if ring_cap is not None else n + 8, start_index)
-    return canary, sources, plan, log, mode
 
 
 def run_verify(case, *, check, tag=3, cpu_log=None):
@@ -144,7 +81,7 @@ SOURCE_CASES = [
 def test_verify_differential(cuda_ready, name, mode, cfgs, check):
     rng = rng_for("verify", name, check)
     stride = [32, 40, 64][SOURCE_CASES.index((name, mode, cfgs)) % 3]
-    case = make_case(rng, num_slots=size(60_000, 6_000), n_chains=size(300, 40), len_lo=1, len_hi=size(300, 200),
+    case = make_verify_case(rng, num_slots=size(60_000, 6_000), n_chains=size(300, 40), len_lo=1, len_hi=size(300, 200),
                      stride=stride, mode=mode, source_cfgs=cfgs)
     out = run_verify(case, check=check)
     rows = check_same(out, case[0])
@@ -154,7 +91,7 @@ def test_verify_differential(cuda_ready, name, mode, cfgs, check):
 def test_verify_four_million_entries(cuda_ready):
     rng = rng_for("verify-4m")
     n_chains = size(1024, 32)
-    case = make_case(rng, num_slots=size(4_400_000, 150_000), n_chains=n_chains, len_lo=size(3950, 3000),
+    case = make_verify_case(rng, num_slots=size(4_400_000, 150_000), n_chains=n_chains, len_lo=size(3950, 3000),
                      len_hi=size(4250, 4000), corrupt=0.001, windowed=False)
     n = int(case[2]["verify_num_valid"][0])
     if n_chains == 1024:
@@ -166,9 +103,9 @@ def test_verify_four_million_entries(cuda_ready):
 
 def test_verify_ring_overflow(cuda_ready):
     rng = rng_for("verify-overflow")
-    case = make_case(rng, num_slots=40_000, n_chains=100, len_lo=100, len_hi=300, corrupt=0.25, ring_cap=700,
+    case = make_verify_case(rng, num_slots=40_000, n_chains=100, len_lo=100, len_hi=300, corrupt=0.25, ring_cap=700,
                      start_index=5)
-    canary, sources, plan, log, mode = case
+    _canary, _sources, plan, log, _mode = case
     big = LogState(torch.zeros((len(plan["verify_slot_indices"]) * 2 + 10, 8), dtype=torch.int64),
                    log.index.clone(), log.slot_counter.clone(), log.kernel_counter.clone())
     out = run_verify(case, check=True, cpu_log=big)
@@ -190,7 +127,7 @@ def test_verify_ring_overflow(cuda_ready):
 @pytest.mark.parametrize("variant", ["disabled", "num_valid_above_capacity", "num_valid_negative", "empty"])
 def test_verify_active_count_on_device(cuda_ready, variant):
     rng = rng_for("verify-count", variant)
-    case = make_case(rng, num_slots=5000, n_chains=20, len_lo=10, len_hi=100, corrupt=0.1, extra_capacity=0)
+    case = make_verify_case(rng, num_slots=5000, n_chains=20, len_lo=10, len_hi=100, corrupt=0.1, extra_capacity=0)
     plan = case[2]
     if variant == "disabled":
         plan["enable"][0] = 0
@@ -209,7 +146,7 @@ def test_verify_active_count_on_device(cuda_ready, variant):
 def test_verify_bounds_no_fault(cuda_ready):
     """Wild slots and prevs (far outside the buffer, either sign) are reported, never followed."""
     rng = rng_for("verify-bounds")
-    case = make_case(rng, num_slots=3000, n_chains=20, len_lo=20, len_hi=100, corrupt=0.0)
+    case = make_verify_case(rng, num_slots=3000, n_chains=20, len_lo=20, len_hi=100, corrupt=0.0)
     plan = case[2]
     n = int(plan["verify_num_valid"][0])
     pick = rng.choice(n, n // 2, replace=False)

@@ -19,9 +19,18 @@ import torch
 
 import kvcanary as kc
 from kvcanary.consts import FailReason, RealKvHashMode
-from gpu_util import (
-    LogState, assert_same_bytes, compare_logs, context, make_log, make_source, random_bytes, rng_for, size,
-    sort_rows, t,
+from support.gpu_util import (
+    LogState,
+    assert_same_bytes,
+    compare_logs,
+    context,
+    make_log,
+    make_source,
+    random_bytes,
+    rng_for,
+    size,
+    sort_rows,
+    t,
 )
 
 NONE, PARTIAL, ALL = RealKvHashMode.NONE, RealKvHashMode.PARTIAL, RealKvHashMode.ALL

@@ -1,0 +1,151 @@
+"""The compiled kernel specializations: which ``kernels_cu/*.cu`` file, with which defines, exporting what.
+
+A :class:`KernelSpec` is one module handed to ``cupy.RawModule``: a family (``plan``, ``write``,
+``verify``, ``scatter``), its source file, the compile-time defines that specialize it and the
+``extern "C"`` entry points it exports. :meth:`KernelSpec.source` returns the *exact* text CuPy
+compiles: the defines, then the ``.cu`` file with every local ``#include "x.cuh"`` inlined textually
+(once each). Inlining means CuPy's on-disk cache (keyed by a hash of the source text and options)
+sees a change in any header, and NVRTC needs no include path.
+
+This module imports neither CuPy nor torch, so the CPU CI can compile every spec with NVRTC
+exactly as CuPy would (:data:`NVRTC_OPTIONS` plus what CuPy adds, documented below).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+# Options kvcanary passes to ``cupy.RawModule(code=..., options=NVRTC_OPTIONS)``.
+#
+# What CuPy 14.2 (NVRTC backend, RawModule from source, no jitify) hands NVRTC, observed on an H200 with
+# CUDA 13 by wrapping ``cupy.cuda.compiler._NVRTCProgram.compile``, in this order:
+#   -I<cupy>/_core/include/cupy/_cccl/cub  -I<cupy>/_core/include/cupy/_cccl/thrust
+#   -I<cupy>/_core/include/cupy/_cccl/libcudacxx  <NVRTC_OPTIONS>  -I<cupy>/_core/include
+#   -I<cuda toolkit>/include  -ftz=true  -arch=sm_XY  --device-as-default-execution-space
+# (``-arch=compute_XY`` instead of ``sm_XY`` when ``CUPY_CUDA_COMPILE_WITH_PTX=1``; CuPy also compiles an
+# empty program once with ``-arch=compute_XY`` to fingerprint the compiler). The include paths do not change
+# the result (kvcanary's sources include nothing), so the CI check reproduces CuPy's compile with
+# ``NVRTC_OPTIONS + ("-ftz=true", f"-arch=sm_{cc}", "--device-as-default-execution-space")``.
+# ``-std=c++17`` is passed explicitly so the dialect does not depend on the NVRTC version's default.
+NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+
+# kernels_cu/ sits at the repository root and is installed as the package data ``kvcanary/kernels_cu``.
+_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"\s*$')
+_PRAGMA_ONCE = re.compile(r"^\s*#\s*pragma\s+once\s*$")
+
+
+def kernels_dir() -> Path:
+    """The folder holding the ``.cu``/``.cuh`` sources (installed package data, else the source tree)."""
+    package = Path(__file__).resolve().parents[2]  # kvcanary/ops/cuda -> kvcanary
+    for candidate in (package / "kernels_cu", package.parent / "kernels_cu"):
+        if (candidate / "consts.cuh").is_file():
+            return candidate
+    raise FileNotFoundError(
+        "kv-canary: cannot find the CUDA sources (kernels_cu/consts.cuh) next to the kvcanary package; "
+        f"looked in {package / 'kernels_cu'} and {package.parent / 'kernels_cu'}"
+    )
+
+
+def _inline(name: str, seen: set[str], out: list[str]) -> None:
+    """Append ``name``'s lines to ``out`` with local includes inlined, each header at most once."""
+    if name in seen:
+        return
+    seen.add(name)
+    path = kernels_dir() / name
+    text = path.read_text(encoding="utf-8")
+    out.append(f'#line 1 "{name}"')
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        m = _INCLUDE.match(line)
+        if m:
+            _inline(m.group(1), seen, out)
+            out.append(f'#line {lineno + 1} "{name}"')
+        elif _PRAGMA_ONCE.match(line):
+            out.append("")  # keep line numbers; inlining already includes each header once
+        else:
+            out.append(line)
+
+
+@cache
+def _file_source(source_file: str) -> str:
+    out: list[str] = []
+    _inline(source_file, set(), out)
+    return "\n".join(out) + "\n"
+
+
+_INT_DEFINE = re.compile(r"^\s*#\s*define\s+(\w+)\s+(\d+)\s*$")
+
+
+@cache
+def int_define(source_file: str, name: str) -> int:
+    """The value of ``#define NAME <integer>`` in ``source_file`` (launch geometry lives in the kernel
+    source only; the launchers read it from there)."""
+    for line in (kernels_dir() / source_file).read_text(encoding="utf-8").splitlines():
+        m = _INT_DEFINE.match(line)
+        if m and m.group(1) == name:
+            return int(m.group(2))
+    raise LookupError(f"kv-canary: no integer #define {name} in {source_file}")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One compiled module: ``source_file`` specialized by ``defines``, exporting ``entry_points``."""
+
+    family: str
+    source_file: str
+    defines: tuple[tuple[str, str], ...]
+    entry_points: tuple[str, ...]
+
+    @property
+    def key(self) -> str:
+        """A stable, human-readable cache key, e.g. ``verify.cu[KVC_CHECK_TOKEN=1,KVC_HAS_REAL_KV=0]``."""
+        return f"{self.source_file}[{','.join(f'{k}={v}' for k, v in self.defines)}]"
+
+    def source(self) -> str:
+        """The exact text compiled by NVRTC: the defines, then the file with its headers inlined."""
+        head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
+        return f"// kvcanary kernel module {self.key}\n{head}{_file_source(self.source_file)}"
+
+
+# family -> (source file, entry points, flag names in define order). Each flag becomes the define
+# ``KVC_<FLAG>`` with value 0 or 1.
+_FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    # has_lut: swa_window_size > 0 (T(x) goes through full_to_swa_index_mapping);
+    # has_pool: an expected-token pool is given.
+    "plan": ("plan.cu", ("kvc_plan_verify_offsets", "kvc_plan_verify_entries", "kvc_plan_write_meta"),
+             ("has_lut", "has_pool")),
+    # input_assert: enable_write_input_assert; has_real_kv: real_kv_hash_mode != NONE and >= 1 source.
+    "write": ("write.cu", ("kvc_write",), ("input_assert", "has_real_kv")),
+    # check_token: check_verify_expected_token; has_real_kv as for write.
+    "verify": ("verify.cu", ("kvc_verify",), ("check_token", "has_real_kv")),
+    "scatter": ("scatter.cu", ("kvc_scatter",), ()),
+}
+
+FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+def _define_name(flag: str) -> str:
+    return "KVC_" + flag.upper()
+
+
+def spec_for(family: str, **flags: bool) -> KernelSpec:
+    """The spec of ``family`` with the given flags (every flag of the family must be given)."""
+    if family not in _FAMILIES:
+        raise ValueError(f"kv-canary: kernel family must be one of {FAMILIES}, got {family!r}")
+    source_file, entry_points, names = _FAMILIES[family]
+    if set(flags) != set(names):
+        raise ValueError(f"kv-canary: kernel family {family!r} takes flags {names}, got {tuple(sorted(flags))}")
+    defines = tuple((_define_name(n), "1" if flags[n] else "0") for n in names)
+    return KernelSpec(family, source_file, defines, entry_points)
+
+
+@cache
+def all_specs() -> tuple[KernelSpec, ...]:
+    """Every specialization of every family (13 modules)."""
+    specs = []
+    for family, (_, _, names) in _FAMILIES.items():
+        for bits in range(1 << len(names)):
+            specs.append(spec_for(family, **{n: bool(bits >> i & 1) for i, n in enumerate(names)}))
+    return tuple(specs)

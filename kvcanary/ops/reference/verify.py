@@ -1,0 +1,76 @@
+"""Verify (SPEC §7) on the CPU, vectorized over entries.
+
+Decision for the bounds rule (SPEC §9), shared with ``kernels_cu/verify.cu``: an entry whose slot is
+outside ``[0, num_slots)`` or whose prev is ``>= num_slots`` yields one row
+``(tag, slot, expected_position, -1, expected_token_or_-1, 0, prev, SLOT_OUT_OF_RANGE)``: the record
+is not read, so the stored fields are -1/0 and ``expected_aux`` carries the prev slot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvcanary import consts
+from kvcanary.consts import FailReason
+from kvcanary.ops.launches import VerifyLaunch
+from kvcanary.ops.reference.hashing import records, slot_hash, u64
+from kvcanary.ops.reference.log import add_counter, append_rows, rows_in_entry_order
+from kvcanary.ops.reference.realkv import fingerprint
+
+
+def verify(launch: VerifyLaunch) -> None:
+    ctx, plan = launch.ctx, launch.plan
+    add_counter(ctx.kernel_run_counter, 1)
+    if int(plan.enable.host()[0]) == 0:
+        return
+    n = max(0, min(int(plan.num_valid.host()[0]), plan.capacity))
+    add_counter(ctx.slot_run_counter, n)
+    if n == 0:
+        return
+    slots = plan.slot_indices.host()[:n]
+    prev = plan.prev_slot_indices.host()[:n]
+    exp_tok = plan.expected_tokens.host()[:n]
+    exp_pos = plan.expected_positions.host()[:n]
+    num_slots = ctx.num_slots
+    tag = ctx.kernel_kind
+    # Expected token as reported: -1 when the token check is off or the plan says "unchecked".
+    reported_tok = exp_tok if launch.check_expected_token else np.full(n, -1, np.int64)
+
+    live = slots != consts.TOKEN_TO_KV_SLOT_PADDING
+    oor = live & ((slots < 0) | (slots >= num_slots) | (prev >= num_slots))
+    ok = np.flatnonzero(live & ~oor)
+
+    oor_idx = np.flatnonzero(oor)
+    oor_rows = np.stack([
+        np.full(len(oor_idx), tag, np.int64), slots[oor_idx], exp_pos[oor_idx],
+        np.full(len(oor_idx), -1, np.int64), reported_tok[oor_idx], np.zeros(len(oor_idx), np.int64),
+        prev[oor_idx], np.full(len(oor_idx), int(FailReason.SLOT_OUT_OF_RANGE), np.int64),
+    ], axis=1) if len(oor_idx) else np.zeros((0, 8), np.int64)
+
+    recs = records(ctx.canary_buf.host())
+    s = slots[ok]
+    p = prev[ok]
+    rec = np.take(recs[:, : consts.CANARY_FIELDS_PER_SLOT], s, axis=0)
+    stored_tok = rec[:, consts.FIELD_TOKEN]
+    stored_pos = rec[:, consts.FIELD_POSITION]
+    stored_hash = u64(rec[:, consts.FIELD_PREV_HASH])
+    stored_rkv = u64(rec[:, consts.FIELD_REAL_KV_HASH])
+    # prev 0 = unknown predecessor: expected = stored, no chain check. prev < 0 = chain head (anchor).
+    unknown_prev = p == consts.TOKEN_TO_KV_SLOT_PADDING
+    expected_chain = np.where(unknown_prev, stored_hash, slot_hash(recs, np.where(unknown_prev, -1, p)))
+    bits = np.zeros(len(ok), np.int64)
+    bits |= np.where(~unknown_prev & (stored_hash != expected_chain), FailReason.VERIFY_CHAIN_HASH_MISMATCH, 0)
+    if launch.check_expected_token:
+        et = exp_tok[ok]
+        bits |= np.where((et != -1) & (stored_tok != et), FailReason.VERIFY_TOKEN_MISMATCH, 0)
+    bits |= np.where(stored_pos != exp_pos[ok], FailReason.VERIFY_POSITION_MISMATCH, 0)
+    rkv = fingerprint(ctx.real_kv_sources, ctx.real_kv_hash_mode, s)
+    bits |= np.where(stored_rkv != rkv, FailReason.VERIFY_REAL_KV_HASH_MISMATCH, 0)
+
+    bad = np.flatnonzero(bits)
+    bad_rows = np.stack([
+        np.full(len(bad), tag, np.int64), s[bad], stored_pos[bad], stored_tok[bad], reported_tok[ok][bad],
+        stored_hash[bad].view(np.int64), expected_chain[bad].view(np.int64), bits[bad],
+    ], axis=1) if len(bad) else np.zeros((0, 8), np.int64)
+
+    append_rows(ctx, rows_in_entry_order((oor_idx, oor_rows), (ok[bad], bad_rows)))

@@ -1,0 +1,273 @@
+"""CPU check (no GPU): every kernel specialization compiles with NVRTC exactly as CuPy's RawModule would.
+
+Each :class:`kvcanary.ops.cuda.specs.KernelSpec` is compiled for sm_80 and sm_90 through the ``cuda-bindings``
+NVRTC wrapper (the ``nvidia-cuda-nvrtc-cu12`` wheel supplies ``libnvrtc.so.12``; no driver or GPU needed),
+with the options CuPy 14's ``RawModule(code=..., options=NVRTC_OPTIONS)`` hands NVRTC:
+
+* ``NVRTC_OPTIONS`` (what kvcanary passes),
+* ``-I<CuPy header dir>``, ``-I<CUDA include>``, the CCCL ``-I`` paths (``cupy._core.core.compile_with_cache``)
+  - left out here: the sources are self-contained (no ``#include``, asserted below), so include paths
+  cannot change what is compiled,
+* ``-ftz=true`` (``cupy.cuda.compiler._compile_with_cache_cuda``),
+* ``-arch=sm_XX`` (``_get_arch_for_options_for_nvrtc``: real-arch cubin whenever the arch is <= NVRTC's
+  maximum, which holds for 80 and 90 on every NVRTC >= 12.0, unless ``CUPY_COMPILE_WITH_PTX`` is set),
+* ``--device-as-default-execution-space`` (``_compile_using_nvrtc_no_warning`` with jitify off).
+
+On top of these the check adds ``--ptxas-options=-v`` and ``--ptxas-options=--warn-on-spills``, which only
+make ptxas report (registers, stack frame, spill bytes) and do not change the generated code. Because CuPy
+asks for a real-arch cubin, ptxas runs inside NVRTC and its report lands in the program log.
+
+A specialization fails the check on a compile error, on any line in the log that is not a ptxas ``info``
+line or a function-properties line (every NVRTC/ptxas warning or remark), on a spill (``N bytes spill
+stores`` or ``spill loads`` > 0 for any function), or when the compiled entry functions are not exactly the
+spec's ``entry_points``.
+
+Where CuPy and a GPU are present (the device machine), ``test_option_model_matches_installed_cupy`` spies on
+CuPy's own NVRTC call for one spec and checks that this option model is exactly what the installed CuPy
+passes (less include paths); seen passing with CuPy 14.2 / NVRTC 13 on an H200.
+
+The check is skipped only when the NVRTC library cannot be loaded at all (the reason is given); under CI
+(``CI`` set, as ``.ci/run`` runs) that is a failure instead, so CI can never pass without compiling.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+import pytest
+
+ARCHS = ("80", "90")
+
+# What CuPy 14.2 appends after the caller's options for RawModule(backend="nvrtc"), minus include paths
+# (see the module docstring); the arch option sits between these two in CuPy's order.
+CUPY_OPTIONS_BEFORE_ARCH = ("-ftz=true",)
+CUPY_OPTIONS_AFTER_ARCH = ("--device-as-default-execution-space",)
+# Report-only ptxas flags: the register/spill report goes to the NVRTC program log.
+REPORT_OPTIONS = ("--ptxas-options=-v", "--ptxas-options=--warn-on-spills")
+
+
+def cupy_nvrtc_options(nvrtc_options: tuple[str, ...], arch: str) -> list[str]:
+    """The option list CuPy gives NVRTC for ``RawModule(options=nvrtc_options)`` on an sm_``arch`` device."""
+    return [*nvrtc_options, *CUPY_OPTIONS_BEFORE_ARCH, f"-arch=sm_{arch}", *CUPY_OPTIONS_AFTER_ARCH]
+
+
+def _load_nvrtc():
+    """``(module, None)`` when NVRTC is usable here, else ``(None, reason)``."""
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as e:
+        return None, f"cuda-bindings is not installed: {e}"
+    try:
+        err, _major, _minor = nvrtc.nvrtcVersion()
+    except Exception as e:  # libnvrtc.so.* not found or not loadable
+        return None, f"the NVRTC library cannot be loaded: {type(e).__name__}: {e}"
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        return None, f"nvrtcVersion failed: {err}"
+    return nvrtc, None
+
+
+_NVRTC, _NVRTC_MISSING = _load_nvrtc()
+
+
+@pytest.fixture(scope="module")
+def nvrtc():
+    if _NVRTC is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"NVRTC is required in CI (install the 'test' extra): {_NVRTC_MISSING}")
+        pytest.skip(_NVRTC_MISSING)
+    return _NVRTC
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiling and reading the log
+# ---------------------------------------------------------------------------------------------------------
+
+_ENTRY_RE = re.compile(r"^ptxas info\s*: Compiling entry function '([^']+)' for '(sm_\d+a?)'")
+_PROPS_FOR_RE = re.compile(r"^ptxas info\s*: Function properties for (\S+)")
+_SPILL_RE = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_REGS_RE = re.compile(r"^ptxas info\s*: Used (\d+) registers")
+
+
+@dataclass
+class CompileResult:
+    ok: bool
+    log: str
+    cubin_bytes: int = 0
+    entries: list[str] = field(default_factory=list)
+    # function -> (stack frame bytes, spill store bytes, spill load bytes)
+    frames: dict[str, tuple[int, int, int]] = field(default_factory=dict)
+    registers: list[int] = field(default_factory=list)
+    # every log line that is neither a ptxas info line nor a function-properties line
+    diagnostics: list[str] = field(default_factory=list)
+
+    @property
+    def spills(self) -> dict[str, tuple[int, int]]:
+        return {f: (st, ld) for f, (_, st, ld) in self.frames.items() if st or ld}
+
+
+def parse_log(log: str) -> CompileResult:
+    res = CompileResult(ok=True, log=log)
+    current = None
+    for line in log.splitlines():
+        if not line.strip():
+            continue
+        if m := _ENTRY_RE.match(line):
+            res.entries.append(m.group(1))
+        elif m := _PROPS_FOR_RE.match(line):
+            current = m.group(1)
+        elif line.startswith("ptxas") and (m := _SPILL_RE.search(line)):
+            res.frames[current or "?"] = tuple(int(g) for g in m.groups())
+        elif m := _REGS_RE.match(line):
+            res.registers.append(int(m.group(1)))
+        elif re.match(r"^ptxas info\s*:", line):
+            pass  # gmem totals, compile time, ...
+        else:
+            res.diagnostics.append(line)
+    return res
+
+
+def compile_nvrtc(nvrtc, source: str, name: str, options: list[str]) -> CompileResult:
+    """Compile ``source`` to a cubin with NVRTC; return the parsed program log."""
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
+    try:
+        (rc,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
+        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetProgramLogSize: {err}"
+        buf = b" " * size
+        (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetProgramLog: {err}"
+        res = parse_log(buf.rstrip(b"\0 ").decode(errors="replace"))
+        res.ok = rc == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        if res.ok:
+            err, res.cubin_bytes = nvrtc.nvrtcGetCUBINSize(prog)
+            assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetCUBINSize: {err}"
+        return res
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The checker itself must be able to fail: a warning, a spill and an error are each caught.
+# ---------------------------------------------------------------------------------------------------------
+
+_SPILLY = r"""
+extern "C" __global__ void spilly(unsigned long long* out, const unsigned long long* in, long long n) {
+    unsigned long long a[40];
+    #pragma unroll
+    for (int i = 0; i < 40; ++i) a[i] = in[i * n + threadIdx.x];
+    unsigned long long s = 0;
+    #pragma unroll
+    for (int r = 0; r < 4; ++r)
+    #pragma unroll
+    for (int i = 0; i < 40; ++i) { s = s * 0xBF58476D1CE4E5B9ULL ^ a[(i * 7 + r) % 40]; a[i] ^= s; }
+    #pragma unroll
+    for (int i = 0; i < 40; ++i) out[i * n + threadIdx.x] = a[i];
+}
+"""
+
+
+def test_checker_reports_spills(nvrtc):
+    opts = [*cupy_nvrtc_options((), "80"), "--maxrregcount=32", *REPORT_OPTIONS]
+    res = compile_nvrtc(nvrtc, _SPILLY, "spilly.cu", opts)
+    assert res.ok, res.log
+    assert res.entries == ["spilly"]
+    assert "spilly" in res.spills and res.spills["spilly"][0] > 0, res.log
+    assert any("spill" in d for d in res.diagnostics), res.log  # --warn-on-spills made it a warning too
+    # the same kernel with the registers it needs: no spill, no diagnostic, a cubin
+    clean = compile_nvrtc(nvrtc, _SPILLY, "spilly.cu", cupy_nvrtc_options((), "80") + list(REPORT_OPTIONS))
+    assert clean.ok and not clean.spills and not clean.diagnostics and clean.cubin_bytes > 0, clean.log
+    assert clean.registers and clean.registers[0] > 32
+
+
+def test_checker_reports_warnings_and_errors(nvrtc):
+    warn_src = 'extern "C" __global__ void w(int* o) { int unused; o[0] = 1; }\n'
+    res = compile_nvrtc(nvrtc, warn_src, "w.cu", cupy_nvrtc_options((), "90") + list(REPORT_OPTIONS))
+    assert res.ok and res.cubin_bytes > 0
+    assert any("warning" in d for d in res.diagnostics), res.log
+    bad = compile_nvrtc(nvrtc, 'extern "C" __global__ void b(int* o) { o[0] = ; }\n', "b.cu",
+                        cupy_nvrtc_options((), "90") + list(REPORT_OPTIONS))
+    assert not bad.ok and any("error" in d for d in bad.diagnostics), bad.log
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Every kvcanary specialization, for each arch
+# ---------------------------------------------------------------------------------------------------------
+
+from kvcanary.ops.cuda import specs as kspecs  # noqa: E402 - the part of the file that needs it
+
+_ALL_SPECS = list(kspecs.all_specs())
+
+
+def test_specs_are_listed_and_distinct():
+    assert _ALL_SPECS, "all_specs() returned nothing"
+    keys = [s.key for s in _ALL_SPECS]
+    assert len(set(keys)) == len(keys), f"duplicate spec keys: {keys}"
+    opts = tuple(kspecs.NVRTC_OPTIONS)
+    assert all(isinstance(o, str) for o in opts), opts
+    # CuPy adds the arch itself; a second one would conflict with it
+    assert not any(o.startswith(("-arch", "--gpu-architecture", "-gencode")) for o in opts), opts
+
+
+@pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm_{a}")
+@pytest.mark.parametrize("spec", _ALL_SPECS, ids=lambda s: str(s.key))
+def test_spec_compiles_clean(nvrtc, spec, arch):
+    source = spec.source()
+    # NVRTC has no standard headers and CuPy's include paths are left out above: the source must stand alone
+    includes = [ln for ln in source.splitlines() if re.match(r"\s*#\s*include\b", ln)]
+    assert not includes, f"{spec.key}: source still has #include lines: {includes}"
+    opts = cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), arch) + list(REPORT_OPTIONS)
+    res = compile_nvrtc(nvrtc, source, f"{spec.family}.cu", opts)
+    assert res.ok, f"{spec.key} sm_{arch}: compile failed\n{res.log}"
+    assert res.cubin_bytes > 0
+    # ptxas report, shown with `pytest -rP`: registers and stack frame per kernel
+    print(f"{spec.key} sm_{arch}: registers {res.registers}, (stack, spill st, spill ld) {res.frames}")
+    assert not res.spills, f"{spec.key} sm_{arch}: register spills (bytes stored, loaded) {res.spills}\n{res.log}"
+    assert not res.diagnostics, f"{spec.key} sm_{arch}: warnings in the log:\n" + "\n".join(res.diagnostics)
+    assert sorted(res.entries) == sorted(spec.entry_points), (
+        f"{spec.key} sm_{arch}: compiled entry functions {sorted(res.entries)} != spec entry_points "
+        f"{sorted(spec.entry_points)}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Where CuPy and a GPU are present (the device machine): the option model above is what CuPy really passes
+# ---------------------------------------------------------------------------------------------------------
+
+
+def test_option_model_matches_installed_cupy(monkeypatch):
+    """Spy on CuPy's NVRTC program while ``RawModule`` compiles a spec; its options, less include paths,
+    must be exactly :func:`cupy_nvrtc_options` for the GPU's arch. Skipped without CuPy and a CUDA GPU."""
+    try:
+        import cupy
+        from cupy.cuda import compiler
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device")
+    except Exception as e:
+        pytest.skip(f"needs CuPy and a CUDA GPU: {type(e).__name__}: {e}")
+    import uuid
+
+    spec = _ALL_SPECS[0]
+    # a comment makes the source unique, so CuPy's kernel cache misses and NVRTC really runs
+    source = spec.source() + f"\n// kvcanary option probe {uuid.uuid4().hex}\n"
+    seen = []
+    original = compiler._NVRTCProgram.compile
+
+    def spy(self, options=(), log_stream=None):
+        seen.append((self.src, tuple(options)))
+        return original(self, options, log_stream)
+
+    monkeypatch.setattr(compiler._NVRTCProgram, "compile", spy)
+    module = cupy.RawModule(code=source, options=tuple(kspecs.NVRTC_OPTIONS))
+    module.get_function(spec.entry_points[0])
+    used = [opts for src, opts in seen if src == source]
+    assert len(used) == 1, f"expected one NVRTC compile of the probe source, saw {len(used)}"
+    cc = cupy.cuda.Device().compute_capability
+    got = [o for o in used[0] if not o.startswith("-I")]
+    assert got == cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), cc), (
+        f"CuPy {cupy.__version__} passed {used[0]}; the CPU check models "
+        f"{cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), cc)} (+ include paths)"
+    )

@@ -1,0 +1,128 @@
+"""Every fault injector is detected with its documented tag, reasons, slot and timing; injectors edit in
+place and check their arguments."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kvcanary as kc
+from kvcanary import CanaryLaunchTag as T
+from kvcanary import FailReason as F
+from kvcanary import faults
+from kvcanary.testing.engine import FAULT_NAMES, SimConfig, run_fault_scenario
+
+# name -> (documented tag, documented bits, simulation steps from the edit to the reporting launch)
+DOCUMENTED = {
+    "remap_req_to_token": (T.HEAD_K_FULL, F.VERIFY_CHAIN_HASH_MISMATCH | F.VERIFY_POSITION_MISMATCH, 0),
+    "flip_real_kv_byte": (T.TAIL_K_FULL, F.VERIFY_REAL_KV_HASH_MISMATCH, 0),
+    "flip_idle_slot_byte": (T.SWEEP_K_FULL, F.VERIFY_REAL_KV_HASH_MISMATCH, None),
+    "swap_input_tokens": (T.HEAD_K_FULL, F.VERIFY_TOKEN_MISMATCH, 1),
+    "shift_position": (T.HEAD_K_FULL, F.WRITE_POSITION_MISMATCH, 0),
+    "recycle_slot": (T.HEAD_K_FULL, F.VERIFY_CHAIN_HASH_MISMATCH | F.VERIFY_POSITION_MISMATCH, 1),
+}
+
+
+def test_every_injector_is_covered():
+    assert set(FAULT_NAMES) == set(DOCUMENTED) == set(faults.INJECTORS)
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+@pytest.mark.parametrize("name", FAULT_NAMES)
+def test_fault_detected_as_documented(name, seed):
+    r = run_fault_scenario(name, SimConfig(seed=seed), warmup_steps=10)
+    tag, bits, delay = DOCUMENTED[name]
+    assert r.clean_before and r.note == ""
+    assert r.expected.tag == tag and r.expected.reasons == bits
+    assert r.detected, f"{name}: expected {r.expected}, got {[str(v) for v in r.violations]}"
+    first = r.first
+    assert first.tag == tag and (int(first.reasons) & int(bits)) == int(bits)
+    assert first.slot in r.expected.slots
+    if delay is not None:
+        assert r.steps_after_injection(first) == delay
+    # Nothing is reported before the edit's effects: every row comes from the injection step or later.
+    assert all(r.steps_after_injection(v) is None or r.steps_after_injection(v) >= 0 for v in r.violations)
+
+
+def test_real_kv_flip_is_invisible_to_head_launches():
+    r = run_fault_scenario("flip_real_kv_byte", SimConfig(seed=2), warmup_steps=10)
+    assert r.detected
+    assert all(v.phase == "tail" and v.reasons == F.VERIFY_REAL_KV_HASH_MISMATCH for v in r.violations)
+    assert {v.slot for v in r.violations if v.group == "full"} == set(r.expected.slots)
+
+
+def test_idle_flip_is_seen_only_by_the_sweep():
+    r = run_fault_scenario("flip_idle_slot_byte", SimConfig(seed=3), warmup_steps=10, observe_steps=3)
+    assert r.detected and r.note == ""           # note would report rows before the sweep
+    assert {(v.tag, v.slot) for v in r.violations} == {(T.SWEEP_K_FULL, s) for s in r.expected.slots}
+
+
+# ------------------------------------------------------------------------------------------ injector contracts
+
+
+def test_remap_edits_in_place_and_checks():
+    r2t = torch.arange(12, dtype=torch.int32).reshape(3, 4)
+    ptr = r2t.data_ptr()
+    exp = faults.remap_req_to_token(r2t, req_pool_index=1, position=2, new_slot=99)
+    assert r2t.data_ptr() == ptr and int(r2t[1, 2]) == 99
+    assert exp.slots == frozenset({99}) and exp.tag == T.HEAD_K_FULL
+    assert "req_to_token[1, 2]: 6 -> 99" in str(exp)
+    with pytest.raises(ValueError, match=r"kv-canary: position must be in \[0, 4\), got 4"):
+        faults.remap_req_to_token(r2t, req_pool_index=1, position=4, new_slot=1)
+    with pytest.raises(ValueError, match="new_slot must differ from the current slot 99"):
+        faults.remap_req_to_token(r2t, req_pool_index=1, position=2, new_slot=99)
+    with pytest.raises(TypeError, match="kv-canary: req_to_token must have dtype int32, got int64"):
+        faults.remap_req_to_token(r2t.long(), req_pool_index=1, position=2, new_slot=5)
+    assert faults.remap_req_to_token(r2t, req_pool_index=0, position=0, new_slot=7, kv="v",
+                                     group="swa").tag == T.HEAD_V_SWA
+
+
+def test_batch_injectors_check_their_arguments():
+    ids = torch.tensor([5, 5, 6], dtype=torch.int64)
+    with pytest.raises(ValueError, match="needs two different tokens, got 5 at both i=0 and j=1"):
+        faults.swap_input_tokens(ids, i=0, j=1)
+    with pytest.raises(ValueError, match="check must be 'verify' or 'write', got 'both'"):
+        faults.swap_input_tokens(ids, i=0, j=2, check="both")
+    with pytest.raises(ValueError, match=r"kv-canary: j must be in \[0, 2\), got 2"):
+        faults.swap_input_tokens(ids, i=0, j=2, out_cache_loc=torch.tensor([1, 2], dtype=torch.int64))
+    assert ids.tolist() == [5, 5, 6]             # nothing edited on bad arguments
+    exp = faults.swap_input_tokens(ids, i=0, j=2, check="write", kv="v")
+    assert ids.tolist() == [6, 5, 5] and exp.tag == T.HEAD_V_FULL and exp.reasons == F.WRITE_TOKEN_MISMATCH
+    pos = torch.tensor([3, 4], dtype=torch.int64)
+    with pytest.raises(ValueError, match="delta must be a non-zero int, got 0"):
+        faults.shift_position(pos, index=0, delta=0)
+    exp = faults.shift_position(pos, index=1, delta=-2)
+    assert pos.tolist() == [3, 2] and exp.reasons == F.WRITE_POSITION_MISMATCH and exp.slots is None
+    loc = torch.tensor([7, 8], dtype=torch.int64)
+    r2t = torch.zeros((2, 4), dtype=torch.int32)
+    exp = faults.recycle_slot(loc, r2t, token_index=1, req_pool_index=1, position=3, live_slot=2)
+    assert loc.tolist() == [7, 2] and int(r2t[1, 3]) == 2 and exp.slots == frozenset({2})
+    with pytest.raises(ValueError, match="kv must be 'k' or 'v' and group 'full' or 'swa'"):
+        faults.shift_position(pos, index=0, kv="q")
+    assert pos.tolist() == [3, 2]
+
+
+def test_flip_touches_exactly_one_byte_of_the_slot():
+    big = torch.zeros((4, 3, 8), dtype=torch.float16)     # 4 pages x 3 slots x 16 bytes
+    src = kc.RealKvSource(tensor=big, page_size=3, num_bytes_per_token=16, read_bytes=16)
+    before = big.clone()
+    exp = faults.flip_real_kv_byte(src, slot=7, byte=5, mask=0x81)
+    raw = big.view(torch.uint8).reshape(4, -1)
+    diff = (raw != before.view(torch.uint8).reshape(4, -1)).nonzero().tolist()
+    assert diff == [[7 // 3, (7 % 3) * 16 + 5]]
+    assert int(raw[2, 21]) == 0x81
+    assert exp.tag == T.TAIL_K_FULL and exp.slots == frozenset({7})
+    with pytest.raises(ValueError, match=r"kv-canary: slot must be in \[0, 12\), got 12"):
+        faults.flip_real_kv_byte(src, slot=12)
+    with pytest.raises(ValueError, match=r"kv-canary: mask must be in \[1, 255\], got 0"):
+        faults.flip_idle_slot_byte(src, slot=1, mask=0)
+    assert faults.flip_idle_slot_byte(src, slot=1).tag == T.SWEEP_K_FULL
+
+
+def test_expected_violation_matching():
+    exp = faults.ExpectedViolation("x", T.TAIL_K_FULL, F.VERIFY_REAL_KV_HASH_MISMATCH, frozenset({5}), "w", "d")
+    row = [int(T.TAIL_K_FULL), 5, 0, 1, 1, 0, 0, int(F.VERIFY_REAL_KV_HASH_MISMATCH | F.VERIFY_POSITION_MISMATCH)]
+    assert exp.matches(kc.Violation.from_row(row))
+    assert not exp.matches(kc.Violation.from_row([int(T.HEAD_K_FULL), *row[1:]]))
+    assert not exp.matches(kc.Violation.from_row([*row[:1], 6, *row[2:]]))
+    assert not exp.matches(kc.Violation.from_row([*row[:7], int(F.VERIFY_POSITION_MISMATCH)]))
