@@ -57,7 +57,7 @@ import torch
 
 import kvcanary
 from kvcanary import (
-    LaunchTag,
+    CanaryLaunchTag,
     RealKvHashMode,
     RealKvSource,
     VerifyPlan,
@@ -207,7 +207,7 @@ class Case:
                                     dtype=torch.uint8)
             sources = (RealKvSource(tensor=self.kv, page_size=1, num_bytes_per_token=REAL_KV_ROW_BYTES,
                                     read_bytes=REAL_KV_ROW_BYTES),)
-        self.ctx = self.log.context(canary_buf=self.canary, kernel_kind=LaunchTag.TAIL_K_FULL,
+        self.ctx = self.log.context(canary_buf=self.canary, kernel_kind=CanaryLaunchTag.TAIL_K_FULL,
                                     real_kv_sources=sources, real_kv_hash_mode=mode,
                                     enable_chain_position_assert=self.flag)
 

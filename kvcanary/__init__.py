@@ -13,7 +13,6 @@ from kvcanary._version import __version__
 from kvcanary.consts import (
     CanaryLaunchTag,
     FailReason,
-    LaunchTag,
     RealKvHashMode,
     splitmix64,
     splitmix64_mix3,
@@ -50,7 +49,6 @@ __all__ = [
     "FailReason",
     "KVCanary",
     "KvCanaryDTypeError",
-    "LaunchTag",
     "RealKvHashMode",
     "RealKvSource",
     "SwaConfig",
@@ -72,3 +70,14 @@ __all__ = [
     "splitmix64_mix3",
     "warmup",
 ]
+
+
+def __getattr__(name: str):
+    # `LaunchTag` is the SPEC's spelling of CanaryLaunchTag; kept importable for older callers, not advertised.
+    if name == "LaunchTag":
+        import warnings
+
+        warnings.warn("kvcanary.LaunchTag is deprecated; use kvcanary.CanaryLaunchTag", DeprecationWarning,
+                      stacklevel=2)
+        return CanaryLaunchTag
+    raise AttributeError(f"module 'kvcanary' has no attribute {name!r}")

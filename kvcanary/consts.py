@@ -10,6 +10,7 @@ Vectorized NumPy versions live in :mod:`kvcanary.ops.reference.hashing`.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 
 U64_MASK = (1 << 64) - 1
 
@@ -48,8 +49,20 @@ LUT_OUT_OF_RANGE_SLOT = -2
 NO_SLOT = -1
 
 
+# The three parts of a launch tag's name, PHASE_KV_GROUP: when the launch runs (HEAD = before the model forward,
+# TAIL = after it, SWEEP = a periodic check of cached-but-idle slots), which half of the KV pool, and which
+# attention group (full attention or sliding window).
+PHASES = ("head", "tail", "sweep")
+KVS = ("k", "v")
+GROUPS = ("full", "swa")
+
+
 class CanaryLaunchTag(enum.IntEnum):
-    """Which launch produced a violation row (violation field 0)."""
+    """Which launch produced a violation row (violation field 0); the name is ``PHASE_KV_GROUP``.
+
+    Build one from its parts with :meth:`of` and read them back with :attr:`phase`, :attr:`kv` and
+    :attr:`group` (lower case, as in :data:`PHASES`, :data:`KVS`, :data:`GROUPS`).
+    """
 
     HEAD_K_FULL = 0
     HEAD_V_FULL = 1
@@ -64,8 +77,36 @@ class CanaryLaunchTag(enum.IntEnum):
     SWEEP_K_SWA = 10
     SWEEP_V_SWA = 11
 
+    @classmethod
+    def of(cls, phase: str, kv: str, group: str) -> CanaryLaunchTag:
+        """``CanaryLaunchTag.of("tail", "k", "swa") is CanaryLaunchTag.TAIL_K_SWA``; a ``ValueError`` naming
+        the parts otherwise."""
+        if phase not in PHASES or kv not in KVS or group not in GROUPS:
+            raise ValueError(f"kv-canary: a launch tag needs phase in {PHASES}, kv in {KVS} and group in {GROUPS}, "
+                             f"got phase={phase!r} kv={kv!r} group={group!r}")
+        return cls[f"{phase}_{kv}_{group}".upper()]
 
-LaunchTag = CanaryLaunchTag
+    @property
+    def phase(self) -> str:
+        """``"head"``, ``"tail"`` or ``"sweep"``."""
+        return self.name.split("_")[0].lower()
+
+    @property
+    def kv(self) -> str:
+        """``"k"`` or ``"v"``."""
+        return self.name.split("_")[1].lower()
+
+    @property
+    def group(self) -> str:
+        """``"full"`` or ``"swa"``."""
+        return self.name.split("_")[2].lower()
+
+    @classmethod
+    def select(cls, phases: Iterable[str] = PHASES, kvs: Iterable[str] = KVS,
+               groups: Iterable[str] = GROUPS) -> tuple[CanaryLaunchTag, ...]:
+        """Every tag whose parts are among the given ones, in tag order."""
+        ps, ks, gs = set(phases), set(kvs), set(groups)
+        return tuple(t for t in cls if t.phase in ps and t.kv in ks and t.group in gs)
 
 
 class FailReason(enum.IntFlag):

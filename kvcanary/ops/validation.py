@@ -69,6 +69,36 @@ def array(
     return v
 
 
+_TORCH_DTYPES: dict[str, Any] = {}
+
+
+def _torch_dtype(name: str) -> Any:
+    dt = _TORCH_DTYPES.get(name)
+    if dt is None:
+        import torch  # a dependency; imported on first use to keep this module light
+
+        dt = _TORCH_DTYPES[name] = getattr(torch, name)
+    return dt
+
+
+def array_on(name: str, x: Any, dtype: str, device: Device, *, ndim: int = 1, length: int | None = None) -> ArrayView:
+    """:func:`array` plus "lives on ``device``", for arguments passed anew on every call of a hot path.
+
+    A contiguous torch tensor of the right dtype, rank and length on ``device`` is described with a handful of
+    attribute reads; anything else goes through :func:`array` (any ``__dlpack__`` array, and the exact SPEC §9
+    error for a bad one).
+    """
+    if (type(x).__name__ == "Tensor" and x.dtype is _torch_dtype(dtype) and x.dim() == ndim and x.is_contiguous()
+            and x.get_device() == device.index):
+        shape = tuple(x.shape)
+        if length is None or shape[0] == length:
+            return ArrayView(name, x, dtype, x.element_size(), shape, x.stride(), device, x.data_ptr())
+    v = array(name, x, dtype, ndim=ndim, length=length)
+    if v.device != device:
+        raise invalid(f"{name} must be on {device}, got {v.device}")
+    return v
+
+
 def _same_device(op: str, *views: ArrayView | None) -> Device:
     return common_device(op, [v for v in views if v is not None])
 
@@ -116,7 +146,9 @@ def write_plan_views(plan: Any, owner: str = "write_plan_out") -> WritePlanViews
     )
 
 
-def context_views(context: Any) -> ContextViews:
+def context_views(context: Any, *, max_sources: int | None = consts.MAX_REAL_KV_SOURCES) -> ContextViews:
+    """Validate a :class:`~kvcanary.VerifyOrWriteContext` (SPEC §4, §9). ``max_sources``: the most real-KV
+    sources allowed (the SGLang-named ops: 4; kvcanary's own entry points: ``None``, any number)."""
     if not isinstance(context, VerifyOrWriteContext):
         raise TypeError(f"kv-canary: context must be a VerifyOrWriteContext, got {type(context).__name__}")
     tag = check_int("context.kernel_kind", context.kernel_kind)
@@ -141,7 +173,7 @@ def context_views(context: Any) -> ContextViews:
     sources = context.real_kv_sources
     if not isinstance(sources, (tuple, list)):
         raise TypeError(f"kv-canary: context.real_kv_sources must be a tuple, got {type(sources).__name__}")
-    if len(sources) > consts.MAX_REAL_KV_SOURCES:
+    if max_sources is not None and len(sources) > max_sources:
         raise invalid(f"context.real_kv_sources may hold at most {consts.MAX_REAL_KV_SOURCES} sources, "
                       f"got {len(sources)}")
     source_views = []

@@ -4,22 +4,16 @@
 code path that skips ``step()``, or a disabled plan all look like "no violations". The counters prove
 the kernels ran; the :class:`CanaryWatchdog` turns a stalled counter into an error.
 
-Per-tag counters. SPEC §4 gives one ``kernel_run_counter``/``slot_run_counter`` pair per launch context.
-A :class:`~kvcanary.KVCanary` gives every launch tag *and* kernel (verify, write) its own pair, all rows
-of one int64 tensor ``[12, 2, 2]`` (tag, kernel, {kernel runs, slot runs}), while every launch shares one
-violation ring and write index. So the counters say which launch ran how often, and the health read is a
-single copy.
+The counters themselves live in the canary's status block (:mod:`kvcanary.runtime.status`): a pair per
+launch tag and kernel, read with one copy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvcanary.consts import CanaryLaunchTag
-
-VERIFY, WRITE = 0, 1  # kernel index of the counter tensor
-KERNEL_RUNS, SLOT_RUNS = 0, 1  # counter index
 
 
 class CanaryNotRunningError(RuntimeError):
@@ -106,43 +100,39 @@ class CanaryWatchdog:
     """Raises :class:`CanaryNotRunningError` when an expected tag's kernel counter stops increasing.
 
     Feed it kernel-run counters with :meth:`observe` (a :class:`~kvcanary.KVCanary` does so at each
-    ``end_step()`` with the one-step-late staged counters, when constructed with ``watchdog_patience``).
-    A tag whose counter has not increased over the last ``patience`` observations raises. ``patience``
-    must cover the longest gap the engine legitimately leaves between launches of one tag (HEAD and TAIL
-    alternate, so each grows every second observation: use at least 2).
+    ``end_step()`` with the one-step-late staged counters). A tag whose counter has not increased over its last
+    ``patience`` observations raises. ``patience`` must cover the longest gap the engine legitimately leaves
+    between launches of one tag: HEAD and TAIL alternate, so each grows every second observation (use at least
+    2); a tag launched less often (the sweep) gets its own value in ``patience_by_tag``.
     """
 
     tags: tuple[CanaryLaunchTag, ...]
     patience: int = 4
+    patience_by_tag: Mapping[CanaryLaunchTag, int] = field(default_factory=dict)
     _history: list[dict[CanaryLaunchTag, int]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        if isinstance(self.patience, bool) or not isinstance(self.patience, int) or self.patience < 1:
-            raise ValueError(f"kv-canary: watchdog patience must be a positive int, got {self.patience!r}")
+        for value in (self.patience, *self.patience_by_tag.values()):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"kv-canary: watchdog patience must be a positive int, got {value!r}")
         self.tags = tuple(CanaryLaunchTag(t) for t in self.tags)
+        self._patience = {t: int(self.patience_by_tag.get(t, self.patience)) for t in self.tags}
+        self._keep = max(self._patience.values(), default=self.patience)
 
     def observe(self, kernel_runs: Mapping[CanaryLaunchTag, int]) -> None:
-        """Record one observation; raise if some expected tag did not move over ``patience`` observations."""
+        """Record one observation; raise if some expected tag did not move over its patience."""
         self._history.append({t: int(kernel_runs.get(t, 0)) for t in self.tags})
-        if len(self._history) <= self.patience:
-            return
-        old = self._history[-1 - self.patience]
+        del self._history[: max(0, len(self._history) - self._keep - 1)]
         now = self._history[-1]
-        del self._history[: len(self._history) - self.patience - 1]
-        stalled = [t for t in self.tags if now[t] <= old[t]]
+        stalled = [t for t in self.tags
+                   if len(self._history) > self._patience[t] and now[t] <= self._history[-1 - self._patience[t]][t]]
         if stalled:
             names = ", ".join(f"{t.name} (kernel runs stuck at {now[t]})" for t in stalled)
+            spans = "/".join(str(p) for p in sorted({self._patience[t] for t in stalled}))
             raise CanaryNotRunningError(
-                f"kv-canary: the canary is not running: {names} did not increase over the last "
-                f"{self.patience} observations; check that step() / the captured graph still launches "
-                f"the canary kernels"
+                f"kv-canary: the canary is not running: {names} did not increase over the last {spans} "
+                f"observations; check that step() / sweep() / the captured graph still launches the canary kernels"
             )
 
     def reset(self) -> None:
         self._history.clear()
-
-
-def expected_tags(phases: Iterable[str], kvs: Iterable[str], groups: Iterable[str]) -> tuple[CanaryLaunchTag, ...]:
-    """The tags ``{PHASE}_{KV}_{GROUP}`` for the given lower-case names, in tag order."""
-    names = {f"{p}_{k}_{g}".upper() for p in phases for k in kvs for g in groups}
-    return tuple(t for t in CanaryLaunchTag if t.name in names)

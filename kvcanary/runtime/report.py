@@ -175,25 +175,29 @@ class Violation:
     def reason_labels(self) -> list[str]:
         return reason_labels(int(self.reasons))
 
-    def _tag_part(self, index: int) -> str:
-        # Tag names are PHASE_KV_GROUP (e.g. TAIL_K_SWA).
-        name = self.tag_name
-        return "unknown" if name.startswith("unknown") else name.split("_")[index].lower()
+    def _tag(self) -> CanaryLaunchTag | None:
+        try:
+            return CanaryLaunchTag(self.tag)
+        except ValueError:
+            return None
 
     @property
     def phase(self) -> str:
         """``"head"``, ``"tail"`` or ``"sweep"`` (``"unknown"`` for an unknown tag)."""
-        return self._tag_part(0)
+        t = self._tag()
+        return "unknown" if t is None else t.phase
 
     @property
     def kv(self) -> str:
         """``"k"`` or ``"v"`` (``"unknown"`` for an unknown tag)."""
-        return self._tag_part(1)
+        t = self._tag()
+        return "unknown" if t is None else t.kv
 
     @property
     def group(self) -> str:
         """``"full"`` or ``"swa"`` (``"unknown"`` for an unknown tag)."""
-        return self._tag_part(2)
+        t = self._tag()
+        return "unknown" if t is None else t.group
 
     @property
     def kernel(self) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+import kvcanary
 from kvcanary import consts
 
 HEADER = Path(__file__).resolve().parents[2] / "kernels_cu" / "consts.cuh"
@@ -111,7 +112,8 @@ def test_spec_enum_values():
     tags = ["HEAD_K_FULL", "HEAD_V_FULL", "TAIL_K_FULL", "TAIL_V_FULL", "SWEEP_K_FULL", "SWEEP_V_FULL",
             "HEAD_K_SWA", "HEAD_V_SWA", "TAIL_K_SWA", "TAIL_V_SWA", "SWEEP_K_SWA", "SWEEP_V_SWA"]
     assert {m.name: int(m) for m in consts.CanaryLaunchTag} == {t: i for i, t in enumerate(tags)}
-    assert consts.LaunchTag is consts.CanaryLaunchTag
+    with pytest.warns(DeprecationWarning, match="use kvcanary.CanaryLaunchTag"):
+        assert kvcanary.LaunchTag is consts.CanaryLaunchTag  # the SPEC's spelling, kept importable
     assert {m.name: int(m) for m in consts.FailReason} == {
         "VERIFY_CHAIN_HASH_MISMATCH": 1, "VERIFY_POSITION_MISMATCH": 2, "VERIFY_REAL_KV_HASH_MISMATCH": 4,
         "WRITE_TOKEN_MISMATCH": 8, "WRITE_POSITION_MISMATCH": 16, "VERIFY_TOKEN_MISMATCH": 32,

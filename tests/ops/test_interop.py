@@ -186,7 +186,7 @@ def test_numpy_outputs_are_the_callers_memory():
 
 def fake(t, name: str, device: Device) -> ArrayView:
     """A view of CPU memory that claims to live on ``device`` (validation never dereferences it)."""
-    return dataclasses.replace(view(name, t), device=device)
+    return view(name, t)._replace(device=device)
 
 
 CUDA0, CUDA1 = Device("cuda", 0), Device("cuda", 1)

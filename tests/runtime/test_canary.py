@@ -443,7 +443,7 @@ def test_host_stager_returns_earlier_copies_in_order_and_counts_drops():
 
 def test_from_pool_geometry_and_buffers():
     c = KVCanary.from_pool_geometry(pool_slots=100, max_running_requests=4, max_prefill_tokens=64, with_v=True)
-    assert c.planners["full"].verify_capacity == 300
+    assert c.verify_capacity == 300
     assert c.max_batch_size == 5 and c.max_tokens_per_step == 68
     assert set(c.buffers) == {T.HEAD_K_FULL, T.HEAD_V_FULL, T.TAIL_K_FULL, T.TAIL_V_FULL}
     assert c.buffer("sweep", "v") is c.buffers[T.TAIL_V_FULL]

@@ -1,0 +1,243 @@
+#!/usr/bin/env python3
+"""Host (CPU) time of the canary's hot path: one ``KVCanary.step`` call, and one SGLang-named op call.
+
+Usage (from the repository root)::
+
+    PYTHONPATH=. python3 bench/bench_host.py                 # CUDA when available, else the CPU backend
+    PYTHONPATH=. python3 bench/bench_host.py --device cpu    # the CPU reference backend only
+    PYTHONPATH=. python3 bench/bench_host.py --null-backend  # Python cost only: every launch is a no-op
+
+Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positions, one new token each):
+
+* ``step K+V FULL``: ``canary.step("head", ...)`` then ``canary.step("tail", ...)`` of a canary with a K and a V
+  real-KV source over the FULL pool; the host time of each call (``time.perf_counter`` around the call, no
+  sync inside), median over the steps;
+* ``step K+V FULL+SWA``: the same with a sliding-window group (window 512) whose slots the engine passes
+  (``swa_out_cache_loc``);
+* ``verify op``: one ``launch_canary_verify_kernel`` call with a context and a plan reused every call (the
+  SGLang-named ops validate every argument on every call).
+
+Per case: host µs per call (median, p90), and on CUDA the GPU µs per step (CUDA events around 50 steps, host
+work included in the span, so it is the larger of the two) and the host share. The state is stamped clean
+first (a prefill through the canary), so no violation is decoded during timing. The table is printed last and
+written to ``$OUT/bench_host.md`` when ``$OUT`` is set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from contextlib import contextmanager
+
+import torch
+
+import kvcanary as kc
+from kvcanary.ops import backends
+
+BS, PREFIX = 256, 4096
+
+
+class NullBackend:
+    """Accepts every launch record and does nothing: isolates the Python cost of the hot path."""
+
+    name = "null"
+
+    def __getattr__(self, name):
+        return lambda launch, stream=None: None
+
+
+@contextmanager
+def null_backend(device_kind: str):
+    saved = backends._backends.get(device_kind)
+    backends._backends[device_kind] = NullBackend()
+    try:
+        yield
+    finally:
+        if saved is None:
+            backends._backends.pop(device_kind, None)
+        else:
+            backends._backends[device_kind] = saved
+
+
+class Engine:
+    """Shape A on ``device``: every request's 4096 positions in consecutive slots, stamped by one prefill."""
+
+    def __init__(self, device: torch.device, *, swa: bool, bs: int, prefix: int):
+        self.device = device
+        n_slots = bs * (prefix + 1) + 1
+        d = device
+
+        def pool():
+            return torch.zeros((n_slots, 16), dtype=torch.int16, device=d)  # 32 bytes per slot
+
+        def src(t):
+            return kc.RealKvSource(tensor=t, page_size=1, num_bytes_per_token=32, read_bytes=32)
+
+        self.k, self.v = pool(), pool()
+        swa_cfg = None
+        if swa:
+            self.lut = torch.arange(n_slots + 1, dtype=torch.int64, device=d)
+            self.swa_k, self.swa_v = pool(), pool()
+            swa_cfg = kc.SwaConfig(num_slots=n_slots, window_size=512, full_to_swa_index_mapping=self.lut,
+                                   k_sources=(src(self.swa_k),), v_sources=(src(self.swa_v),))
+        self.canary = kc.KVCanary(num_slots=n_slots, max_batch_size=bs, max_tokens_per_step=bs * prefix, device=d,
+                                  k_sources=(src(self.k),), v_sources=(src(self.v),), swa=swa_cfg, mode="quiet",
+                                  ring_capacity=1024, watchdog_patience=None)
+        rows = torch.arange(1, bs + 1, device=d)
+        self.r2t = torch.zeros((bs + 1, prefix + 1), dtype=torch.int32, device=d)
+        base = (rows - 1) * (prefix + 1) + 1
+        self.r2t[1:] = (base[:, None] + torch.arange(prefix + 1, device=d)[None, :]).to(torch.int32)
+        self.rows = rows.to(torch.int64)
+        # Prefill: every request writes its `prefix` tokens (no prefix yet).
+        tok = torch.randint(1, 32000, (bs, prefix + 1), device=d, dtype=torch.int64)
+        self.tokens = tok
+        pre = dict(req_pool_indices=self.rows, prefix_lens=torch.zeros(bs, dtype=torch.int64, device=d),
+                   extend_seq_lens=torch.full((bs,), prefix, dtype=torch.int64, device=d), req_to_token=self.r2t,
+                   input_ids=tok[:, :prefix].reshape(-1).contiguous(),
+                   positions=torch.arange(prefix, device=d).repeat(bs),
+                   out_cache_loc=self.r2t[1:, :prefix].reshape(-1).to(torch.int64))
+        if swa:
+            pre["swa_out_cache_loc"] = pre["out_cache_loc"]
+        self._forward(pre)
+        self.canary.step("head", **pre)
+        self._forward(pre)
+        self.canary.step("tail", **pre)
+        # The decode batch: position `prefix` of every request (rewritten each step: its seed is position prefix-1).
+        self.batch = dict(req_pool_indices=self.rows, prefix_lens=torch.full((bs,), prefix, dtype=torch.int64, device=d),
+                          extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=d), req_to_token=self.r2t,
+                          input_ids=tok[:, prefix].contiguous(), positions=torch.full((bs,), prefix, dtype=torch.int64,
+                                                                                       device=d),
+                          out_cache_loc=self.r2t[1:, prefix].to(torch.int64))
+        if swa:
+            self.batch["swa_out_cache_loc"] = self.batch["out_cache_loc"]
+        self._forward(self.batch)
+
+    def _forward(self, b):
+        """Stand-in KV write: a value derived from token and position at each new slot (K and V pools)."""
+        loc = b["out_cache_loc"]
+        val = (b["input_ids"] * 31 + b["positions"]).to(torch.int16)[:, None].expand(-1, 16)
+        self.k[loc] = val
+        self.v[loc] = val + 1
+        if hasattr(self, "swa_k"):
+            self.swa_k[loc] = val
+            self.swa_v[loc] = val + 1
+
+    def sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def time_steps(e: Engine, steps: int) -> tuple[list[float], float | None]:
+    """Host µs of each step() call (HEAD and TAIL alike), and the GPU µs per step on CUDA."""
+    c, b = e.canary, e.batch
+    host: list[float] = []
+    e.sync()
+    gpu_us = None
+    chunk = 50
+    done = 0
+    spans = []
+    while done < steps:
+        n = min(chunk, steps - done)
+        if e.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        for i in range(n):
+            phase = "head" if i % 2 == 0 else "tail"
+            t0 = time.perf_counter()
+            c.step(phase, **b)
+            host.append((time.perf_counter() - t0) * 1e6)
+        if e.device.type == "cuda":
+            end.record()
+            end.synchronize()
+            spans.append(start.elapsed_time(end) * 1e3 / n)
+        else:
+            e.sync()
+        done += n
+    if spans:
+        gpu_us = statistics.median(spans)
+    return host, gpu_us
+
+
+def time_sglang_verify(device: torch.device, runs: int) -> list[float]:
+    """Host µs of one launch_canary_verify_kernel call (context and plan reused)."""
+    n_slots = BS * (PREFIX + 1) + 1
+    log = kc.ViolationLog.allocate(ring_capacity=1024, device=device)
+    buf = kc.allocate_canary_buffer(n_slots, device=device)
+    ctx = log.context(canary_buf=buf, kernel_kind=kc.CanaryLaunchTag.HEAD_K_FULL)
+    plan = kc.VerifyPlan.allocate(verify_capacity=BS * PREFIX, device=device)
+    plan.verify_num_valid.fill_(0)  # an empty plan: the host path is what is timed
+    out = []
+    for i in range(runs + 20):
+        t0 = time.perf_counter()
+        kc.launch_canary_verify_kernel(context=ctx, plan=plan, check_verify_expected_token=False)
+        if i >= 20:
+            out.append((time.perf_counter() - t0) * 1e6)
+        if i % 100 == 99 and device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return out
+
+
+def p90(xs: list[float]) -> float:
+    return sorted(xs)[int(0.9 * (len(xs) - 1))]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
+    ap.add_argument("--steps", type=int, default=400, help="timed step() calls per case (CPU backend: 10)")
+    ap.add_argument("--null-backend", action="store_true", help="launches do nothing (Python cost only)")
+    ap.add_argument("--bs", type=int, default=BS)
+    ap.add_argument("--prefix", type=int, default=PREFIX)
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if dev.type == "cuda":
+        dev = torch.device("cuda", torch.cuda.current_device())
+        kc.warmup(dev)
+    steps = args.steps if (dev.type == "cuda" or args.null_backend) else min(args.steps, 10)
+    what = f"{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else "CPU"
+    rows = []
+    for label, swa in (("step K+V FULL", False), ("step K+V FULL+SWA", True)):
+        e = Engine(dev, swa=swa, bs=args.bs, prefix=args.prefix)
+        for _ in range(4):  # warm the path (kernels loaded, staging slots touched)
+            e.canary.step("head", **e.batch)
+            e.canary.step("tail", **e.batch)
+        if args.null_backend:
+            with null_backend(dev.type):
+                e.canary._backend = backends.backend_for(e.canary._dev)
+                host, gpu = time_steps(e, steps)
+        else:
+            host, gpu = time_steps(e, steps)
+        found = e.canary.poll(sync=True)
+        if found and not args.null_backend:
+            print(f"FAILED: {label}: {len(found)} violation(s) on a clean workload, e.g. {found[0]}", file=sys.stderr)
+            return 1
+        rows.append((label, statistics.median(host), p90(host), gpu))
+        del e
+    if args.null_backend:
+        with null_backend(dev.type):
+            ver = time_sglang_verify(dev, max(steps, 200))
+    else:
+        ver = time_sglang_verify(dev, max(steps, 200))
+    rows.append(("verify op (SGLang-named)", statistics.median(ver), p90(ver), None))
+
+    backend = "null backend (Python only)" if args.null_backend else f"{dev.type} backend"
+    lines = [f"Host time per call, {backend}, {what}, shape A ({args.bs} x {args.prefix}), eager, torch "
+             f"{torch.__version__}", "",
+             "| case | host µs median | host µs p90 | GPU µs per step | host share |", "|---|---|---|---|---|"]
+    for label, med, hi, gpu in rows:
+        share = "-" if gpu is None else f"{100 * med / max(gpu, med):.0f} %"
+        lines.append(f"| {label} | {med:.1f} | {hi:.1f} | {'-' if gpu is None else f'{gpu:.1f}'} | {share} |")
+    text = "\n".join(lines)
+    print(text)
+    out = os.environ.get("OUT")
+    if out:
+        with open(os.path.join(out, "bench_host.md"), "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""The device state of a :class:`~kvcanary.KVCanary` and the launch contexts over it, built once.
+
+:class:`CanaryState` allocates, for one KV pool,
+
+* one canary buffer per (phase, K/V half, group) it tracks: HEAD and TAIL, K and optionally V, FULL and
+  optionally SWA (SWEEP launches verify the TAIL buffers: only TAIL records carry a real-KV fingerprint);
+* one violation ring shared by every launch and the status block (:mod:`kvcanary.runtime.status`: the ring's
+  write index, the invalid-row count and a counter pair per launch tag and kernel);
+* the ``enable_chain_position_assert`` flag (0 inside ``KVCanary.warmup()``, 1 otherwise);
+* a :class:`~kvcanary.VerifyOrWriteContext` per launch tag and kernel, validated here once (SPEC §9) into the
+  :class:`~kvcanary.ops.launches.ContextViews` the backends take, so the hot path re-checks none of it.
+
+Every address is fixed from then on, so a captured CUDA graph stays valid. :meth:`CanaryState.refresh`
+re-validates when an array changed under the canary (a real-KV pool or the SWA table re-allocated or resized
+by the engine, a buffer replaced): the canary never launches on stale views.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from kvcanary import consts
+from kvcanary.consts import CanaryLaunchTag, RealKvHashMode
+from kvcanary.errors import invalid
+from kvcanary.ops.interop import common_device
+from kvcanary.ops.launches import ContextViews
+from kvcanary.ops.structs import RealKvSource, VerifyOrWriteContext, allocate_canary_buffer
+from kvcanary.ops.validation import context_views
+from kvcanary.runtime.status import Count, Kernel, allocate_status, counter_view, counters_view, write_index_view
+
+# Which buffer each phase's launches use: SWEEP verifies the TAIL records.
+BUFFER_PHASE = {"head": "head", "tail": "tail", "sweep": "tail"}
+# Which kernels each phase launches.
+PHASE_KERNELS = {"head": (Kernel.VERIFY, Kernel.WRITE), "tail": (Kernel.VERIFY, Kernel.WRITE),
+                 "sweep": (Kernel.VERIFY,)}
+
+
+def _signature(t: Any) -> tuple:
+    """What must not change under a validated view: address, shape and strides (torch tensors; other arrays
+    are described by their identity)."""
+    if isinstance(t, torch.Tensor):
+        return (t.data_ptr(), tuple(t.shape), t.stride())
+    return (id(t),)
+
+
+class CanaryState:
+    """Buffers, ring, status block, flag and validated contexts of one canary (see the module docstring).
+
+    Args:
+        group_slots: ``{"full": n}`` or ``{"full": n, "swa": m}``: canary slots per attention group.
+        kvs: ``("k",)`` or ``("k", "v")``.
+        sources: real-KV sources per ``(kv, group)`` (used by TAIL and SWEEP launches).
+        real_kv_hash_mode: the mode of TAIL and SWEEP launches (HEAD launches use NONE: the KV is not written yet).
+        ring_capacity, slot_stride_bytes, device: as in :class:`~kvcanary.KVCanary`.
+    """
+
+    def __init__(self, *, group_slots: dict[str, int], kvs: tuple[str, ...],
+                 sources: dict[tuple[str, str], Sequence[RealKvSource]], real_kv_hash_mode: RealKvHashMode,
+                 ring_capacity: int, slot_stride_bytes: int, device: torch.device) -> None:
+        self.group_slots = dict(group_slots)
+        self.groups = tuple(group_slots)
+        self.kvs = kvs
+        self.device = device
+        self.buffers: dict[CanaryLaunchTag, torch.Tensor] = {}
+        for group, n in group_slots.items():
+            for kv in kvs:
+                for phase in ("head", "tail"):
+                    self.buffers[CanaryLaunchTag.of(phase, kv, group)] = allocate_canary_buffer(
+                        n, slot_stride_bytes=slot_stride_bytes, device=device)
+        self.violation_ring = torch.zeros((ring_capacity, consts.VIOLATION_FIELDS), dtype=torch.int64, device=device)
+        self.status = allocate_status(device)
+        self.violation_write_index = write_index_view(self.status)
+        self.counters = counters_view(self.status)
+        self.chain_position_flag = torch.ones(1, dtype=torch.int32, device=device)
+        self.invalid_rows_scratch = torch.zeros(1, dtype=torch.int32, device=device)
+
+        self.contexts: dict[tuple[CanaryLaunchTag, Kernel], VerifyOrWriteContext] = {}
+        for group in self.groups:
+            for kv in kvs:
+                srcs = tuple(sources.get((kv, group), ()))
+                for phase, kernels in PHASE_KERNELS.items():
+                    tag = CanaryLaunchTag.of(phase, kv, group)
+                    head = phase == "head"
+                    for kernel in kernels:
+                        self.contexts[(tag, kernel)] = VerifyOrWriteContext(
+                            canary_buf=self.buffers[CanaryLaunchTag.of(BUFFER_PHASE[phase], kv, group)],
+                            kernel_kind=int(tag),
+                            violation_ring=self.violation_ring,
+                            violation_write_index=self.violation_write_index,
+                            slot_run_counter=counter_view(self.status, tag, kernel, Count.SLOTS),
+                            kernel_run_counter=counter_view(self.status, tag, kernel, Count.LAUNCHES),
+                            real_kv_sources=() if head else srcs,
+                            real_kv_hash_mode=RealKvHashMode.NONE if head else real_kv_hash_mode,
+                            enable_chain_position_assert=self.chain_position_flag,
+                        )
+        self.views: dict[tuple[CanaryLaunchTag, Kernel], ContextViews] = {}
+        self._signatures: tuple = ()
+        self.refresh(force=True)
+
+    # -- validation once, and again only when something changed --------------------------------------------
+
+    def _current_signature(self) -> tuple:
+        arrays: list[Any] = [*self.buffers.values(), self.violation_ring, self.status, self.chain_position_flag]
+        for ctx in self.contexts.values():
+            arrays.extend(src.tensor for src in ctx.real_kv_sources)
+        return tuple(_signature(a) for a in arrays)
+
+    def refresh(self, *, force: bool = False) -> bool:
+        """Re-validate every context if any array under them changed (address, shape or strides) since the
+        last validation; returns whether it did. Raises the SPEC §9 error if the change made a context invalid."""
+        sig = self._current_signature()
+        if not force and sig == self._signatures:
+            return False
+        views = {key: context_views(ctx, max_sources=None) for key, ctx in self.contexts.items()}
+        for v in views.values():
+            common_device("KVCanary", list(v.all()))
+            if v.canary_buf.device.kind != self.device.type:
+                raise invalid(f"KVCanary buffers must be on {self.device}, got {v.canary_buf.device}")
+        self.views = views
+        self._signatures = sig
+        return True
+
+    # -- lookups -----------------------------------------------------------------------------------------
+
+    def context_views(self, phase: str, group: str, kernel: Kernel) -> tuple[ContextViews, ...]:
+        """The validated contexts of ``phase`` in ``group`` for ``kernel``, one per K/V half (K first)."""
+        return tuple(self.views[(CanaryLaunchTag.of(phase, kv, group), kernel)] for kv in self.kvs)
+
+    def tags(self, phases: Sequence[str] = consts.PHASES) -> tuple[CanaryLaunchTag, ...]:
+        """The launch tags this canary uses for ``phases``, in tag order."""
+        return CanaryLaunchTag.select(phases, self.kvs, self.groups)
+
+    @property
+    def buffer_bytes(self) -> int:
+        return sum(b.numel() for b in self.buffers.values())
+
+    @property
+    def log_bytes(self) -> int:
+        return (self.violation_ring.numel() * 8 + self.status.numel() * 8 + self.chain_position_flag.numel() * 4
+                + self.invalid_rows_scratch.numel() * 4)
