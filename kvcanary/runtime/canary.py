@@ -109,11 +109,14 @@ class KVCanary:
         slot_stride_bytes: bytes per canary record (>= 32, multiple of 8).
         sweep_capacity: verify entries per sweep launch (longer sweeps run in chunks); default
             ``min(num_slots, 65536)``.
-        watchdog_patience: canary steps (``end_step()`` calls) an expected launch tag may go without running
-            before :class:`~kvcanary.CanaryNotRunningError` is raised (default 16; ``None`` turns the watchdog
-            off). HEAD and TAIL tags are expected; SWEEP tags too when ``sweep_interval`` is set.
-        sweep_interval: the engine sweeps at least every this many engine steps (see :meth:`sweep_due`); the
-            watchdog then expects the SWEEP tags within ``2 * sweep_interval + watchdog_patience`` steps.
+        watchdog_patience: HEAD/TAIL steps (or ``end_step()`` calls after graph replays) an expected launch tag
+            may go without running before :class:`~kvcanary.CanaryNotRunningError` is raised (default 16; ``None``
+            turns the watchdog off). HEAD and TAIL tags are expected; SWEEP tags too when ``sweep_interval`` is set.
+            Sweeps and polls do not count (an idle engine may sweep and poll without forwards).
+        sweep_interval: the engine sweeps the groups ``sweep_groups`` at least every this many engine steps (see
+            :meth:`sweep_due`); the watchdog then expects their SWEEP tags within ``2 * sweep_interval +
+            watchdog_patience`` HEAD/TAIL steps.
+        sweep_groups: the groups the engine's sweeps cover (default the FULL group: a prefix-cache walk).
         stats_interval: log a ``[canary] step=...`` stats line every this many canary steps (None: off).
         metrics: ``True`` (the global Prometheus registry), a ``prometheus_client.CollectorRegistry``, or None
             (off): Prometheus counters per launch tag, violations by reason, ring overflows.
@@ -145,6 +148,7 @@ class KVCanary:
         sweep_capacity: int | None = None,
         watchdog_patience: int | None = DEFAULT_WATCHDOG_PATIENCE,
         sweep_interval: int | None = None,
+        sweep_groups: Sequence[str] = ("full",),
         stats_interval: int | None = None,
         metrics: Any = None,
         block_size: int | None = None,
@@ -226,12 +230,18 @@ class KVCanary:
         self._last_sweep_head = 0          # HEAD steps at the last sweep (for sweep_due)
 
         self.sweep_interval = None if sweep_interval is None else check_capacity("sweep_interval", sweep_interval)
+        self.sweep_groups = tuple(sweep_groups)
+        for g in self.sweep_groups:
+            if g not in self.groups:
+                raise invalid(f"sweep_groups must name groups of this canary {self.groups}, got {g!r}")
         self.watchdog: CanaryWatchdog | None = None
         if watchdog_patience is not None:
             patience = check_capacity("watchdog_patience", watchdog_patience)
-            expected = self.tags(("head", "tail", "sweep") if self.sweep_interval else STEP_PHASES)
-            # end_step() runs for HEAD, TAIL and sweep alike: a sweep every N engine steps shows every 2N + 1.
-            sweep_patience = {t: patience + 2 * (self.sweep_interval or 0) + 1 for t in self.tags(("sweep",))}
+            swept = CanaryLaunchTag.select(("sweep",), self.kvs, self.sweep_groups) if self.sweep_interval else ()
+            expected = tuple(sorted(self.tags(STEP_PHASES) + swept))
+            # The watchdog observes HEAD and TAIL steps (two per engine step): a sweep every N engine steps moves
+            # the SWEEP counters every 2N observations.
+            sweep_patience = {t: patience + 2 * (self.sweep_interval or 0) for t in swept}
             self.watchdog = CanaryWatchdog(expected, patience=patience, patience_by_tag=sweep_patience)
         self.stats_line = None if stats_interval is None else StatsLine(stats_interval, self.name)
         self.metrics: CanaryMetrics | None = None
@@ -572,7 +582,9 @@ class KVCanary:
             if not is_capturing(self.device):
                 self._calls["sweep"] += 1
                 self._last_sweep_head = self._calls["head"]
-                self.end_step()
+                # A sweep closes a canary step of its own, but only engine steps feed the watchdog: an idle
+                # engine may sweep without forwards.
+                self._end_step(watchdog=False)
 
     # -- reporting ---------------------------------------------------------------------------------------
 
@@ -581,16 +593,19 @@ class KVCanary:
         of earlier steps that have landed, decode and report any new violation rows they reveal (per ``mode``),
         feed the watchdog, the stats line and the metrics.
 
-        ``step()`` and ``sweep()`` call it themselves (except while a CUDA graph is being captured); call it
-        after every graph replay. Never waits for the device; does nothing during capture.
+        ``step()`` calls it itself (except while a CUDA graph is being captured); call it after every graph
+        replay. Never waits for the device; does nothing during capture.
         """
+        self._end_step(watchdog=True)
+
+    def _end_step(self, *, watchdog: bool) -> None:
         if is_capturing(self.device):
             return
         self._step_no += 1
         snapshots, new = self.collector.end_step(self._step_no)   # may raise CanaryViolationError
-        self._observe(snapshots, new)
+        self._observe(snapshots, new, watchdog=watchdog)
 
-    def _observe(self, snapshots: list[StatusSnapshot], new: list[Violation]) -> None:
+    def _observe(self, snapshots: list[StatusSnapshot], new: list[Violation], *, watchdog: bool = True) -> None:
         if self.metrics is not None and new:
             self.metrics.count_violations(new)
         for snap in snapshots:
@@ -598,7 +613,7 @@ class KVCanary:
                 self.metrics.observe(snap)
             if self.stats_line is not None:
                 self.stats_line.observe(snap)
-            if self.watchdog is not None:  # may raise CanaryNotRunningError
+            if watchdog and self.watchdog is not None:  # may raise CanaryNotRunningError
                 self.watchdog.observe({t: snap.launches(t) for t in self.watchdog.tags})
         if self.stats_line is not None:
             self.stats_line.maybe_log(self._step_no, self._calls["sweep"])
@@ -607,15 +622,17 @@ class KVCanary:
         """The violations decoded since the previous ``poll()`` (whatever the mode), oldest first.
 
         ``sync=False`` (the hot-path form) never waits: it returns what the steps so far have found, one
-        step late. ``sync=True`` waits for the device and reads the current write index, so violations of
-        the latest step are included (off the hot path: at shutdown, in tests, after an alert). Newly found
-        violations are reported per ``mode`` (``"raise"`` raises here).
+        step late. ``sync=True`` waits for the device and reads the current status, so violations of the latest
+        step are included and the stats and metrics see the latest counters (off the hot path: at
+        shutdown, in tests, after an alert). Newly found violations are reported per ``mode`` (``"raise"``
+        raises here).
         """
-        before = len(self.collector.history)
-        out = self.collector.poll(sync=sync)
-        if self.metrics is not None and len(self.collector.history) > before:
-            self.metrics.count_violations(self.collector.history[before:])
-        return out
+        if sync:
+            before = len(self.collector.history)
+            snapshots = self.collector.flush()         # may raise CanaryViolationError
+            # Not fed to the watchdog: a poll is not an engine step, and an idle engine may poll at will.
+            self._observe(snapshots, self.collector.history[before:], watchdog=False)
+        return self.collector.poll()
 
     @property
     def step_number(self) -> int:
