@@ -18,6 +18,7 @@ from kvcanary.consts import RealKvHashMode
 from kvcanary.errors import invalid
 from kvcanary.ops.checks import check_positive
 from kvcanary.ops.interop import view
+from kvcanary.ops.launches import RealKvSourceView
 
 _INT64 = 8
 _INT32 = 4
@@ -134,27 +135,36 @@ class RealKvSource:
                 f"RealKvSource read_bytes must be <= num_bytes_per_token={self.num_bytes_per_token}, "
                 f"got {self.read_bytes}"
             )
-        v = view("RealKvSource.tensor", self.tensor)
+        self.describe()
+
+    def describe(self, name: str = "RealKvSource") -> RealKvSourceView:
+        """Check the tensor as it is now (it is the engine's live pool, which may have been re-allocated or
+        resized since construction) and return its byte view; ``name`` prefixes the messages."""
+        step = consts.REAL_KV_LOAD_BYTES
+        v = view(f"{name}.tensor", self.tensor)
         if v.ndim < 2:
-            raise invalid(f"RealKvSource tensor must have ndim >= 2, got shape {v.shape}")
-        inner = v.shape[1:]
-        inner_view = type(v)(v.name, v.obj, v.dtype, v.itemsize, inner, v.strides[1:], v.device, v.ptr)
-        if not inner_view.is_contiguous():
+            raise invalid(f"{name} tensor must have ndim >= 2, got shape {v.shape}")
+        inner = v._replace(shape=v.shape[1:], strides=v.strides[1:])
+        if not inner.is_contiguous():
             raise invalid(
-                f"RealKvSource tensor must be contiguous within a row (dims 1..), got shape {v.shape} "
+                f"{name} tensor must be contiguous within a row (dims 1..), got shape {v.shape} "
                 f"and strides {v.strides}"
             )
         stride_bytes = v.strides[0] * v.itemsize
         if stride_bytes % step or stride_bytes < 0:
-            raise invalid(f"RealKvSource tensor row stride must be a multiple of {step} bytes, got {stride_bytes}")
+            raise invalid(f"{name} tensor row stride must be a multiple of {step} bytes, got {stride_bytes}")
         if v.ptr % step:
-            raise invalid(f"RealKvSource tensor data pointer must be {step}-byte aligned, got {v.ptr:#x}")
+            raise invalid(f"{name} tensor data pointer must be {step}-byte aligned, got {v.ptr:#x}")
         need = self.page_size * self.num_bytes_per_token
-        if self.row_bytes < need:
+        row_bytes = math.prod(v.shape[1:]) * v.itemsize
+        if row_bytes < need:
             raise invalid(
-                f"RealKvSource tensor rows must be at least page_size * num_bytes_per_token = {need} bytes "
-                f"wide, got {self.row_bytes}"
+                f"{name} tensor rows must be at least page_size * num_bytes_per_token = {need} bytes "
+                f"wide, got {row_bytes}"
             )
+        return RealKvSourceView(tensor=v, page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
+                                read_bytes=self.read_bytes, row_bytes=row_bytes, row_stride_bytes=stride_bytes,
+                                num_rows=v.shape[0])
 
     @property
     def row_bytes(self) -> int:

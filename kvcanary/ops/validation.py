@@ -27,12 +27,11 @@ from kvcanary import consts
 from kvcanary.consts import CanaryLaunchTag, RealKvHashMode
 from kvcanary.errors import invalid, wrong_dtype
 from kvcanary.ops.checks import check_bool, check_int, check_non_negative, check_positive
-from kvcanary.ops.interop import ArrayView, Device, common_device, view
+from kvcanary.ops.interop import CPU, ArrayView, Device, common_device, view
 from kvcanary.ops.launches import (
     CanaryBufferView,
     ContextViews,
     PlanLaunch,
-    RealKvSourceView,
     RecordCopyLaunch,
     RecordGatherLaunch,
     RecordScatterLaunch,
@@ -58,6 +57,39 @@ def check_capacities(*, verify_capacity: Any, write_req_capacity: Any) -> tuple[
     return c, r
 
 
+_TAGS = frozenset(int(t) for t in CanaryLaunchTag)
+_MODES = frozenset(int(m) for m in RealKvHashMode)
+_TORCH_DTYPES: dict[str, Any] = {}
+_CUDA_DEVICES: dict[int, Device] = {}
+
+
+def _torch_dtype(name: str) -> Any:
+    dt = _TORCH_DTYPES.get(name)
+    if dt is None:
+        import torch  # a dependency; imported on first use to keep this module light
+
+        dt = _TORCH_DTYPES[name] = getattr(torch, name, None)
+    return dt
+
+
+def _checked_torch_view(name: str, x: Any, dtype: str, ndim: int) -> ArrayView | None:
+    """The view of a plain torch tensor that passes every check of :func:`array` but the length, built from a
+    handful of attribute reads (the same description :func:`~kvcanary.ops.interop.view` gives it); None for
+    anything else (which then takes the general path and, if bad, gets its exact error)."""
+    if type(x).__name__ != "Tensor" or x.dtype is not _torch_dtype(dtype) or x.dim() != ndim or not x.is_contiguous():
+        return None
+    if x.is_cuda:
+        index = x.get_device()
+        device = _CUDA_DEVICES.get(index)
+        if device is None:
+            device = _CUDA_DEVICES[index] = Device("cuda", index)
+    elif x.is_cpu:
+        device = CPU
+    else:
+        return None
+    return ArrayView(name, x, dtype, x.element_size(), tuple(x.shape), x.stride(), device, x.data_ptr())
+
+
 def array(
     name: str,
     x: Any,
@@ -68,15 +100,17 @@ def array(
     min_length: int | None = None,
 ) -> ArrayView:
     """Describe ``x`` and check dtype, rank, contiguity and (first-dimension) length."""
-    if x is None:
-        raise TypeError(f"kv-canary: {name} must be an array, got None")
-    v = view(name, x)
-    if v.dtype != dtype:
-        raise wrong_dtype(name, dtype, v.dtype)
-    if v.ndim != ndim:
-        raise invalid(f"{name} must be {ndim}-D, got shape {v.shape}")
-    if not v.is_contiguous():
-        raise invalid(f"{name} must be contiguous")
+    v = _checked_torch_view(name, x, dtype, ndim)
+    if v is None:
+        if x is None:
+            raise TypeError(f"kv-canary: {name} must be an array, got None")
+        v = view(name, x)
+        if v.dtype != dtype:
+            raise wrong_dtype(name, dtype, v.dtype)
+        if v.ndim != ndim:
+            raise invalid(f"{name} must be {ndim}-D, got shape {v.shape}")
+        if not v.is_contiguous():
+            raise invalid(f"{name} must be contiguous")
     if length is not None and v.shape[0] != length:
         raise invalid(f"{name} length must be {length}, got {v.shape[0]}")
     if min_length is not None and v.shape[0] < min_length:
@@ -84,30 +118,8 @@ def array(
     return v
 
 
-_TORCH_DTYPES: dict[str, Any] = {}
-
-
-def _torch_dtype(name: str) -> Any:
-    dt = _TORCH_DTYPES.get(name)
-    if dt is None:
-        import torch  # a dependency; imported on first use to keep this module light
-
-        dt = _TORCH_DTYPES[name] = getattr(torch, name)
-    return dt
-
-
 def array_on(name: str, x: Any, dtype: str, device: Device, *, ndim: int = 1, length: int | None = None) -> ArrayView:
-    """:func:`array` plus "lives on ``device``", for arguments passed anew on every call of a hot path.
-
-    A contiguous torch tensor of the right dtype, rank and length on ``device`` is described with a handful of
-    attribute reads; anything else goes through :func:`array` (any ``__dlpack__`` array, and the exact SPEC §9
-    error for a bad one).
-    """
-    if (type(x).__name__ == "Tensor" and x.dtype is _torch_dtype(dtype) and x.dim() == ndim and x.is_contiguous()
-            and x.get_device() == device.index):
-        shape = tuple(x.shape)
-        if length is None or shape[0] == length:
-            return ArrayView(name, x, dtype, x.element_size(), shape, x.stride(), device, x.data_ptr())
+    """:func:`array` plus "lives on ``device``", for arguments passed anew on every call of a hot path."""
     v = array(name, x, dtype, ndim=ndim, length=length)
     if v.device != device:
         raise invalid(f"{name} must be on {device}, got {v.device}")
@@ -184,10 +196,10 @@ def context_views(context: Any, *, name: str = "context", max_sources: int | Non
     if not isinstance(context, VerifyOrWriteContext):
         raise TypeError(f"kv-canary: {name} must be a VerifyOrWriteContext, got {type(context).__name__}")
     tag = check_int(f"{name}.kernel_kind", context.kernel_kind)
-    if tag not in set(CanaryLaunchTag):
+    if tag not in _TAGS:
         raise invalid(f"{name}.kernel_kind must be a CanaryLaunchTag (0..11), got {tag}")
     mode = check_int(f"{name}.real_kv_hash_mode", context.real_kv_hash_mode)
-    if mode not in set(RealKvHashMode):
+    if mode not in _MODES:
         raise invalid(f"{name}.real_kv_hash_mode must be a RealKvHashMode (0, 1 or 2), got {mode}")
     canary = canary_buffer_view(f"{name}.canary_buf", context.canary_buf)
     ring = array(f"{name}.violation_ring", context.violation_ring, "int64", ndim=2)
@@ -206,11 +218,8 @@ def context_views(context: Any, *, name: str = "context", max_sources: int | Non
         if not isinstance(src, RealKvSource):
             raise TypeError(f"kv-canary: {name}.real_kv_sources[{i}] must be a RealKvSource, "
                             f"got {type(src).__name__}")
-        t = view(f"{name}.real_kv_sources[{i}].tensor", src.tensor)
-        source_views.append(RealKvSourceView(tensor=t, page_size=src.page_size,
-                                             num_bytes_per_token=src.num_bytes_per_token, read_bytes=src.read_bytes,
-                                             row_bytes=src.row_bytes, row_stride_bytes=src.row_stride_bytes,
-                                             num_rows=t.shape[0]))
+        # Re-checked as it is now: the engine may have re-allocated or resized its pool since construction.
+        source_views.append(src.describe(f"{name}.real_kv_sources[{i}]"))
     flag = None
     if context.enable_chain_position_assert is not None:
         flag = array(f"{name}.enable_chain_position_assert", context.enable_chain_position_assert, "int32",
@@ -232,6 +241,75 @@ def context_views(context: Any, *, name: str = "context", max_sources: int | Non
     )
 
 
+_UNCACHEABLE = object()
+
+
+def tensor_signature(x: Any) -> Any:
+    """What a validated view of ``x`` depends on that can change in place: a torch tensor's address, shape and
+    strides (its dtype and device cannot change); ``()`` for an absent optional array; a marker that disables
+    caching for anything else."""
+    if x is None:
+        return ()
+    if type(x).__name__ != "Tensor":
+        return _UNCACHEABLE
+    return (x.data_ptr(), x.shape, x.stride())
+
+
+class ValidatedCache:
+    """Validated views of long-lived objects (contexts, plans), reused while nothing under them changed.
+
+    The SGLang-named ops receive the same context and plan objects every step; re-deriving their views is most
+    of an op's host time. An entry is reused only for the *same* object (kept alive by the entry, so its id is
+    not recycled) whose arrays all still have the signature (:func:`tensor_signature`) they were validated
+    with; the objects are frozen, so nothing else can change. Anything not a plain torch tensor is validated on
+    every call.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        self.capacity = capacity
+        self._entries: dict[tuple[int, str], tuple[Any, tuple, Any]] = {}
+
+    def get(self, obj: Any, arrays: tuple, build: Any, name: str = "") -> Any:
+        """The views ``build()`` returns for ``obj`` (validated under ``name``, which their messages use)."""
+        sig = tuple(tensor_signature(a) for a in arrays)
+        key = (id(obj), name)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0] is obj and entry[1] == sig:
+            return entry[2]
+        views = build()
+        if _UNCACHEABLE not in sig:
+            if len(self._entries) >= self.capacity:
+                self._entries.pop(next(iter(self._entries)))
+            self._entries[key] = (obj, sig, views)
+        return views
+
+
+_CONTEXTS = ValidatedCache()        # SGLang-named ops: at most MAX_REAL_KV_SOURCES sources
+_TABLE_CONTEXTS = ValidatedCache()  # plan-free ops: any number of sources
+_PLANS = ValidatedCache()
+_VERIFY_PLAN_FIELDS = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                       "verify_prev_slot_indices", "verify_num_valid", "enable")
+_WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
+
+
+def _context_tensors(context: Any) -> tuple:
+    return (context.canary_buf, context.violation_ring, context.violation_write_index, context.slot_run_counter,
+            context.kernel_run_counter, context.enable_chain_position_assert,
+            *(s.tensor for s in context.real_kv_sources))
+
+
+def cached_context_views(context: Any, *, name: str = "context",
+                         max_sources: int | None = consts.MAX_REAL_KV_SOURCES) -> ContextViews:
+    """:func:`context_views`, reusing the views of a context seen before when none of its arrays changed
+    (:class:`ValidatedCache`); the errors are exactly :func:`context_views`'s."""
+    if (not isinstance(context, VerifyOrWriteContext) or not isinstance(context.real_kv_sources, tuple)
+            or not all(isinstance(s, RealKvSource) for s in context.real_kv_sources)):
+        return context_views(context, name=name, max_sources=max_sources)  # the error path
+    cache = _CONTEXTS if max_sources is not None else _TABLE_CONTEXTS
+    return cache.get(context, _context_tensors(context),
+                     lambda: context_views(context, name=name, max_sources=max_sources), name)
+
+
 def contexts_views(contexts: Any) -> tuple[ContextViews, ...]:
     """The ``contexts`` of a plan-free op (SPEC §11, §12): a non-empty tuple (or list) of
     :class:`~kvcanary.VerifyOrWriteContext` sharing one slot space (equal ``num_slots``), any number of
@@ -241,7 +319,7 @@ def contexts_views(contexts: Any) -> tuple[ContextViews, ...]:
         raise TypeError(f"kv-canary: {what}, got {type(contexts).__name__}")
     if not contexts:
         raise invalid(f"{what}, got an empty {type(contexts).__name__}")
-    views = tuple(context_views(c, name=f"contexts[{i}]") for i, c in enumerate(contexts))
+    views = tuple(cached_context_views(c, name=f"contexts[{i}]", max_sources=None) for i, c in enumerate(contexts))
     n0 = views[0].num_slots
     for i, v in enumerate(views[1:], start=1):
         if v.num_slots != n0:
@@ -416,8 +494,9 @@ def validate_write(
     expected_input_positions: Any,
 ) -> WriteLaunch:
     assert_on = check_bool("enable_write_input_assert", enable_write_input_assert)
-    ctx = context_views(context, max_sources=consts.MAX_REAL_KV_SOURCES)
-    wplan = write_plan_views(plan, "plan")
+    ctx = cached_context_views(context)
+    wplan = (_PLANS.get(plan, tuple(getattr(plan, f) for f in _WRITE_PLAN_FIELDS), lambda: write_plan_views(plan, "plan"))
+             if isinstance(plan, WritePlan) else write_plan_views(plan, "plan"))
     ids = array("input_ids", input_ids, "int64")
     n = ids.shape[0]
     pos = array("positions", positions, "int64", length=n)
@@ -430,8 +509,9 @@ def validate_write(
 
 def validate_verify(*, context: Any, plan: Any, check_verify_expected_token: Any) -> VerifyLaunch:
     check = check_bool("check_verify_expected_token", check_verify_expected_token)
-    ctx = context_views(context, max_sources=consts.MAX_REAL_KV_SOURCES)
-    vplan = verify_plan_views(plan, "plan")
+    ctx = cached_context_views(context)
+    vplan = (_PLANS.get(plan, tuple(getattr(plan, f) for f in _VERIFY_PLAN_FIELDS), lambda: verify_plan_views(plan, "plan"))
+             if isinstance(plan, VerifyPlan) else verify_plan_views(plan, "plan"))
     device = _same_device(_VERIFY, *ctx.all(), *vplan.all())
     return VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check)
 
