@@ -36,7 +36,7 @@ def test_views_are_reused_while_nothing_changed():
 
 
 def test_a_canary_buffer_resized_in_place_is_revalidated_and_refused():
-    log, buf, ctx, plan = setup()
+    _, buf, ctx, plan = setup()
     verify(ctx, plan)
     buf.resize_(16, 24)   # same object, now an invalid stride
     with pytest.raises(ValueError, match="slot_stride_bytes must be a multiple of 8 and >= 32, got 24"):
@@ -44,15 +44,15 @@ def test_a_canary_buffer_resized_in_place_is_revalidated_and_refused():
 
 
 def test_a_plan_array_shrunk_in_place_is_revalidated_and_refused():
-    log, buf, ctx, plan = setup()
+    _, _, ctx, plan = setup()
     verify(ctx, plan)
     plan.verify_expected_tokens.resize_(3)
-    with pytest.raises(ValueError, match="plan.verify_expected_tokens length must be 4, got 3"):
+    with pytest.raises(ValueError, match=r"plan\.verify_expected_tokens length must be 4, got 3"):
         verify(ctx, plan)
 
 
 def test_a_buffer_moved_to_new_storage_is_used_there():
-    log, buf, ctx, plan = setup()
+    _, buf, ctx, plan = setup()
     verify(ctx, plan)
     before = validation.cached_context_views(ctx)
     buf.set_(torch.zeros((32, 32), dtype=torch.uint8))   # re-allocated, bigger

@@ -105,7 +105,8 @@ def test_watchdog_quiet_over_a_thousand_clean_steps_then_fires_when_sweeps_stop(
     sim.cfg = SimConfig(**{**sim.cfg.__dict__, "sweep_every": 0})   # the engine stops sweeping
     steps = 0
     with pytest.raises(kc.CanaryNotRunningError, match=r"SWEEP_K_FULL \(kernel runs stuck at \d+\)") as e:
-        for steps in range(1, 41):
+        for n in range(1, 41):
+            steps = n
             sim.step()
     # The SWEEP patience is 2 * 4 + 6 HEAD/TAIL observations: 7 engine steps, up to the 4 steps the last sweep
     # may have been ahead, and one step of staging lag.
