@@ -92,6 +92,9 @@ class CanaryPlanner:
         swa_window_size: 0 for a full-attention group, the sliding window for an SWA group (then
             :meth:`plan` needs ``full_to_swa_index_mapping``).
         kv_token_id_vs_position_offset: 0, or +1 for an EAGLE draft pool (SPEC §5).
+        block_size: page size of the engine's block table, for :meth:`plan` with ``block_table=`` (SPEC §10).
+        pad_row: batch rows whose ``req_pool_indices`` equals this are padding (0, or -1 for tables without a
+            padding row).
         name: a label for log messages (``"full"``, ``"swa"``).
 
     Raises ``ValueError``/``TypeError`` with SPEC §9 ``kv-canary:`` messages, e.g.
@@ -109,6 +112,8 @@ class CanaryPlanner:
         expected_tokens_shape: tuple[int, int] | None = None,
         swa_window_size: int = 0,
         kv_token_id_vs_position_offset: int = 0,
+        block_size: int | None = None,
+        pad_row: int = 0,
         name: str = "full",
     ):
         # Each value's own range first (SPEC §9), so a negative capacity is reported as negative; the plan
@@ -128,6 +133,8 @@ class CanaryPlanner:
         self.swa_window_size = check_non_negative("swa_window_size", swa_window_size)
         self.kv_token_id_vs_position_offset = check_int("kv_token_id_vs_position_offset",
                                                         kv_token_id_vs_position_offset)
+        self.block_size = None if block_size is None else check_capacity("block_size", block_size)
+        self.pad_row = check_int("pad_row", pad_row)
         self.name = str(name)
         try:
             self.device = torch.device(device)
@@ -218,10 +225,11 @@ class CanaryPlanner:
         req_pool_indices: Any,
         prefix_lens: Any,
         extend_seq_lens: Any,
-        req_to_token: Any,
+        req_to_token: Any = None,
         full_to_swa_index_mapping: Any = None,
         expected_tokens: Any = None,
         expected_tokens_valid_lens: Any = None,
+        block_table: Any = None,
         stream: Any = None,
     ) -> tuple[VerifyPlan, WritePlan]:
         """Fill this planner's plans for one batch (SPEC §5) and return them.
@@ -230,7 +238,9 @@ class CanaryPlanner:
             req_pool_indices: int64 ``[bs]``; 0 = padding row.
             prefix_lens: int64 ``[bs]``: positions already in the cache.
             extend_seq_lens: int64 ``[bs]``: tokens written this step.
-            req_to_token: int32 ``[max_reqs, max_seq_len]``, contiguous (the engine's live table).
+            req_to_token: int32 ``[max_reqs, max_seq_len]``, contiguous (the engine's live table), or
+            block_table: int32 ``[max_reqs, max_blocks]`` of pages of ``block_size`` slots (a planner built with
+                ``block_size``; SPEC §10); exactly one of the two.
             full_to_swa_index_mapping: int64 ``[full_pool_size + 1]``, required iff ``swa_window_size > 0``.
             expected_tokens: optional int32 ``[max_reqs, max_context_len]`` expected-token pool (of
                 ``expected_tokens_shape`` when that was given); with ``expected_tokens_valid_lens`` int64 ``[bs]``.
@@ -262,6 +272,9 @@ class CanaryPlanner:
                 req_to_verify_expected_tokens_valid_lens=expected_tokens_valid_lens,
                 kv_token_id_vs_position_offset=self.kv_token_id_vs_position_offset,
                 invalid_rows_out=self.invalid_rows,
+                block_table=block_table,
+                block_size=self.block_size if block_table is not None else None,
+                pad_row=self.pad_row,
             )
             # Cumulative statistics on the device (no sync): plans, overflows (enable == 0), invalid rows.
             self._stats[STAT_PLANS:STAT_PLANS + 1].add_(1)
