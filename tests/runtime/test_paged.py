@@ -31,7 +31,7 @@ class PagedEngine:
         self.rows = list(range(0 if pad_row == -1 else 1, self.max_reqs))
         self.block_table = torch.full((self.max_reqs, self.max_blocks), -1, dtype=torch.int32)
         self.lens = {r: 0 for r in self.rows}
-        kw = dict(num_slots=self.num_slots, max_batch_size=self.max_reqs, mode="quiet", pad_row=pad_row,
+        kw = dict(num_slots=self.num_slots, max_batch_size=self.max_reqs + 1, mode="quiet", pad_row=pad_row,
                   max_tokens_per_step=self.max_reqs * 5)
         self.paged = kc.KVCanary(block_size=block_size, **kw)
         self.flat = kc.KVCanary(**kw)
