@@ -1,11 +1,12 @@
-# The two commands of the README: `make demo` runs the main job, `make test` runs the test suite.
-# Both build .venv from scratch when it is missing (torch pinned to the CPU build found on local disk).
+# The two commands of the README: `make demo` runs the main job, `make test` runs the test suite (with the lint
+# and type checks). Both build .venv from scratch when it is missing (torch pinned to its CPU build: the CUDA
+# build is several GB; a GPU machine brings its own torch and CuPy, see README).
 PY ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test setup bench-cpu clean
+.PHONY: demo test lint setup bench-cpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,7 +20,11 @@ setup: $(VENV)/.installed
 demo: setup
 	$(VPY) -m kvcanary demo
 
-test: setup
+lint: setup
+	$(VPY) -m ruff check .
+	$(VPY) -m mypy
+
+test: lint
 	$(VPY) -m pytest -q
 
 bench-cpu: setup

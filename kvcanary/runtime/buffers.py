@@ -17,7 +17,7 @@ by the engine, a buffer replaced): the canary never launches on stale views.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -58,7 +58,7 @@ class CanaryState:
     """
 
     def __init__(self, *, group_slots: dict[str, int], kvs: tuple[str, ...],
-                 sources: dict[tuple[str, str], Sequence[RealKvSource]], real_kv_hash_mode: RealKvHashMode,
+                 sources: Mapping[tuple[str, str], Sequence[RealKvSource]], real_kv_hash_mode: RealKvHashMode,
                  ring_capacity: int, slot_stride_bytes: int, device: torch.device) -> None:
         self.group_slots = dict(group_slots)
         self.groups = tuple(group_slots)

@@ -475,7 +475,7 @@ class KVCanary:
                 raise invalid(f"expected_tokens must have at least the table's {table.max_reqs} rows, "
                               f"got {pool.shape[0]}")
             valid = array_on("expected_tokens_valid_lens", expected_tokens_valid_lens, "int64", dev, length=bs)
-        swa_loc = None
+        swa_loc: ArrayView | None = None
         if "swa" in self.group_slots:
             if swa_out_cache_loc is not None:
                 swa_loc = array_on("swa_out_cache_loc", swa_out_cache_loc, "int64", dev, length=n)
@@ -497,10 +497,12 @@ class KVCanary:
                     expected_tokens_pool=pool, expected_tokens_valid_lens=valid,
                     token_offset=self.kv_token_id_vs_position_offset, check_expected_token=pool is not None,
                     invalid_rows=self._invalid_rows if group == "full" else None), stream)
+                group_loc = loc if group == "full" else swa_loc
+                assert group_loc is not None
                 self._backend.write_from_table(WriteTableLaunch(
                     device=dev, contexts=self.state.context_views(phase, group, Kernel.WRITE),
                     req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend, table=table, lut=lut,
-                    input_ids=ids, positions=pos, out_cache_loc=loc if group == "full" else swa_loc,
+                    input_ids=ids, positions=pos, out_cache_loc=group_loc,
                     expected_input_tokens=exp_in_tok, expected_input_positions=exp_in_pos, invalid_rows=None),
                     stream)
             # Rows the bounds rule rejected this step, summed on the device (no sync).
