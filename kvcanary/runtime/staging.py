@@ -52,12 +52,11 @@ class HostStager:
         pin = self.device.type == "cuda"
         self._slots = [[torch.empty(s.shape, dtype=s.dtype, pin_memory=pin) for s in self.sources]
                        for _ in range(depth)]
-        self._events: list = [None] * depth
         self._labels = [0] * depth
         self._pending: list[int] = []  # slot indices staged but not yet taken, oldest first
         self._next = 0
-        self._side = torch.cuda.Stream(device=self.device) if pin else None
         self.dropped = 0
+        self._cuda = _CudaCopies(self.device, self.sources, self._slots) if pin else None
 
     @property
     def nbytes(self) -> int:
@@ -75,20 +74,11 @@ class HostStager:
         if slot in self._pending:  # the oldest copy never landed or was never taken: drop it
             self._pending.remove(slot)
             self.dropped += 1
-        dst = self._slots[slot]
-        if self._side is None:
-            for d, s in zip(dst, self.sources):
+        if self._cuda is None:
+            for d, s in zip(self._slots[slot], self.sources):
                 d.copy_(s)
         else:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(self._side):
-                self._side.wait_event(ready)
-                for d, s in zip(dst, self.sources):
-                    d.copy_(s, non_blocking=True)
-                done = torch.cuda.Event()
-                done.record(self._side)
-            self._events[slot] = done
+            self._cuda.copy(slot)
         self._labels[slot] = label
         self._pending.append(slot)
 
@@ -103,14 +93,66 @@ class HostStager:
         candidates = self._pending if include_latest else self._pending[:-1]
         taken = []
         for slot in candidates:
-            ev = self._events[slot]
-            if ev is not None:
-                if wait:
-                    ev.synchronize()
-                elif not ev.query():
-                    break  # later copies are ordered after this one on the side stream
+            if self._cuda is not None and not self._cuda.landed(slot, wait=wait):
+                break  # later copies are ordered after this one on the side stream
             out.append(StagedCopy(self._labels[slot], [t.numpy().copy() for t in self._slots[slot]]))
             taken.append(slot)
         for slot in taken:
             self._pending.remove(slot)
         return out
+
+
+class _CudaCopies:
+    """The device-to-host copies of a :class:`HostStager`, issued through the CUDA runtime directly.
+
+    Per copy: an event on the caller's stream, the side stream waits for it, one ``cudaMemcpyAsync`` per source
+    into pinned memory, an event on the side stream. Events are created once per slot; each call is a handful
+    of runtime calls rather than torch stream/event objects (this runs once per canary step on the host).
+    """
+
+    def __init__(self, device: torch.device, sources: list[torch.Tensor], slots: list[list[torch.Tensor]]):
+        from kvcanary.ops.interop import import_cupy  # CUDA only
+
+        self._rt = import_cupy().cuda.runtime
+        self.device = device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._side = torch.cuda.Stream(device=device)
+        self._side_ptr = int(self._side.cuda_stream)
+        self._copies = [[(int(d.data_ptr()), int(s.data_ptr()), s.numel() * s.element_size())
+                         for d, s in zip(slot, sources)] for slot in slots]
+        with self._on_device():
+            flags = self._rt.eventDisableTiming
+            self._ready = [self._rt.eventCreateWithFlags(flags) for _ in slots]
+            self._done = [self._rt.eventCreateWithFlags(flags) for _ in slots]
+
+    def _on_device(self):
+        return torch.cuda.device(self.index)
+
+    def copy(self, slot: int) -> None:
+        rt = self._rt
+        prev = rt.getDevice()
+        if prev != self.index:
+            rt.setDevice(self.index)
+        try:
+            caller = torch.cuda.current_stream(self.index).cuda_stream
+            rt.eventRecord(self._ready[slot], caller)
+            rt.streamWaitEvent(self._side_ptr, self._ready[slot], 0)
+            for dst, src, n in self._copies[slot]:
+                rt.memcpyAsync(dst, src, n, rt.memcpyDeviceToHost, self._side_ptr)
+            rt.eventRecord(self._done[slot], self._side_ptr)
+        finally:
+            if prev != self.index:
+                rt.setDevice(prev)
+
+    def landed(self, slot: int, *, wait: bool) -> bool:
+        if wait:
+            self._rt.eventSynchronize(self._done[slot])
+            return True
+        return self._rt.eventQuery(self._done[slot]) == 0
+
+    def __del__(self) -> None:
+        try:
+            for ev in self._ready + self._done:
+                self._rt.eventDestroy(ev)
+        except Exception:  # interpreter shutdown: the runtime may be gone already
+            pass
