@@ -228,20 +228,9 @@ def test_reporting_stays_one_step_late_on_cuda():
 
 
 def test_fast_path_equals_the_checked_ops_on_cuda():
-    from support.checked_path import checked_step
+    from support.checked_path import fast_and_checked
 
-    cfg = SimConfig(seed=12)
-    fast, checked = ServingSimulation(cfg, device=DEV), ServingSimulation(cfg, device=DEV)
-
-    def via_ops(sim, phase, **args):
-        args["swa_out_cache_loc"] = sim.canary._swa_locs.translate(args["out_cache_loc"]).clone()
-        checked_step(sim.canary, phase, **args)
-
-    checked.canary.step = lambda phase, **args: via_ops(checked, phase, **args)
-    for _ in range(30):
-        fast.step()
-        checked.step()
-    a, b = fast.canary, checked.canary
+    a, b = fast_and_checked(SimConfig(seed=12), device=DEV, steps=30)
     for tag in a.buffers:
         assert torch.equal(a.buffers[tag], b.buffers[tag]), tag.name
     assert torch.equal(a.state.status, b.state.status)

@@ -43,3 +43,21 @@ def checked_step(canary: kc.KVCanary, phase: str, *, swa_out_cache_loc: Any = No
     canary.phases.check(phase)
     canary.phases.commit(phase)
     canary.end_step()
+
+
+def fast_and_checked(config: Any, *, device: Any = "cpu", steps: int = 40) -> tuple[kc.KVCanary, kc.KVCanary]:
+    """Two engine models on ``config`` run ``steps`` steps: one through ``KVCanary.step``, one through
+    :func:`checked_step` (the SWA slots translated by the canary's own table). Returns their canaries."""
+    from kvcanary.testing.engine import ServingSimulation
+
+    fast, checked = ServingSimulation(config, device=device), ServingSimulation(config, device=device)
+
+    def via_ops(phase: str, **args: Any) -> None:
+        args["swa_out_cache_loc"] = checked.canary._swa_locs.translate(args["out_cache_loc"]).clone()
+        checked_step(checked.canary, phase, **args)
+
+    checked.canary.step = via_ops  # type: ignore[method-assign]
+    for _ in range(steps):
+        fast.step()
+        checked.step()
+    return fast.canary, checked.canary
