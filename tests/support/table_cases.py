@@ -35,17 +35,19 @@ from kvcanary.ops.reference.hashing import mix3 as ref_mix3
 from support.gpu_util import LogState, SourceSpec, fingerprints, make_log, random_bytes, t
 
 
-def to_device(x: Any, device: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
-    """A deep copy of the tensors in ``x`` (dataclasses, lists, tuples, dicts) on ``device``; a tensor reached
-    twice (e.g. a log shared by several contexts) is copied once, so the copies share it too."""
+def to_device(x: Any, device: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A deep copy of the tensors in ``x`` (dataclasses, lists, tuples, dicts) on ``device``; a tensor or
+    dataclass reached twice (e.g. a log shared by several contexts) is copied once, so the copies share it too."""
     memo = {} if memo is None else memo
     if isinstance(x, torch.Tensor):
         if id(x) not in memo:
             memo[id(x)] = x.to(device).clone()
         return memo[id(x)]
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: to_device(getattr(x, f.name), device, memo)
-                                         for f in dataclasses.fields(x) if f.init})
+        if id(x) not in memo:
+            memo[id(x)] = dataclasses.replace(x, **{f.name: to_device(getattr(x, f.name), device, memo)
+                                                    for f in dataclasses.fields(x) if f.init})
+        return memo[id(x)]
     if isinstance(x, list):
         return [to_device(v, device, memo) for v in x]
     if isinstance(x, tuple):
