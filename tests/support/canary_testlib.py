@@ -3,6 +3,7 @@ run one public op and the scalar model of ``spec_model`` on the same inputs and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,32 @@ def assert_unchanged(snap: list[bytes], *tensors: torch.Tensor) -> None:
     now = snapshot(*tensors)
     for i, (a, b) in enumerate(zip(snap, now)):
         assert a == b, f"buffer {i} was modified"
+
+
+def tensors_in(obj, out=None) -> list[torch.Tensor]:
+    """Every tensor reachable from an argument (plans, contexts, sources, tuples)."""
+    out = [] if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            tensors_in(getattr(obj, f.name), out)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            tensors_in(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            tensors_in(x, out)
+    return out
+
+
+def storage_snapshot(tensors) -> dict[int, bytes]:
+    snap = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        if s.data_ptr() not in snap:
+            snap[s.data_ptr()] = torch.empty(0, dtype=torch.uint8).set_(s).numpy().tobytes()
+    return snap
 
 
 def plan_buffers(vp: kc.VerifyPlan, wp: kc.WritePlan) -> list[torch.Tensor]:

@@ -224,7 +224,8 @@ def make_table_batch(
     # The batch: active rows, padding rows and invalid rows, shuffled.
     entries = [(rp, prefix[rp], extend[rp]) for rp in active]
     for _ in range(n_padding):
-        entries.append((pad_row, int(rng.integers(0, max_seq_len + 1)), int(rng.integers(0, 4))))
+        # A padding row's prefix may exceed max_seq_len too (then it is an invalid row, SPEC §9).
+        entries.append((pad_row, int(rng.integers(0, max_seq_len + 3)), int(rng.integers(0, 4))))
     for k in range(n_invalid):
         kind = k % 3
         if kind == 0:
