@@ -15,6 +15,7 @@ from kvcanary import FailReason as F
 from kvcanary import RealKvHashMode as Mode
 from support import spec_model as M
 from support.canary_testlib import POISON, t32, t64
+from support.gpu_util import rng_for
 from support.table_cases import make_records_case
 
 P32 = POISON[torch.int32]
@@ -111,7 +112,7 @@ def test_empty_slot_lists_and_no_counter():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_gather_matches_the_model(seed):
-    rng = np.random.default_rng([seed, 13])
+    rng = rng_for(seed, 13)
     c = make_records_case(rng, n=int(rng.integers(1, 200)), stride=int(rng.choice([32, 40, 64])))
     before = c.canary.numpy().tobytes()
     want, want_oor = M.gather_records(recs_of(c.canary), c.slots.tolist())
@@ -124,7 +125,7 @@ def test_gather_matches_the_model(seed):
 
 @pytest.mark.parametrize("seed", range(6))
 def test_scatter_matches_the_model(seed):
-    rng = np.random.default_rng([seed, 14])
+    rng = rng_for(seed, 14)
     c = make_records_case(rng, n=int(rng.integers(1, 200)), stride=int(rng.choice([32, 48, 64])))
     recs = recs_of(c.canary)
     want_oor = M.scatter_records(recs, c.slots.tolist(), c.records.tolist())
@@ -136,7 +137,7 @@ def test_scatter_matches_the_model(seed):
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("where", ["other buffer", "same buffer"])
 def test_copy_matches_the_model(seed, where):
-    rng = np.random.default_rng([seed, 15, where == "same buffer"])
+    rng = rng_for(seed, 15, where)
     c = make_records_case(rng, n=int(rng.integers(1, 120)), num_slots=150, other_slots=120,
                           stride=int(rng.choice([32, 48])), unique_dst=bool(seed % 2))
     dst = c.other if where == "other buffer" else c.canary
@@ -155,7 +156,7 @@ def test_copy_matches_the_model(seed, where):
 def test_gather_then_scatter_round_trips_through_the_host():
     """Offload and reload: records gathered from one buffer and scattered into another buffer at other slots
     equal a direct copy."""
-    rng = np.random.default_rng(16)
+    rng = rng_for(16)
     c = make_records_case(rng, n=50, bad=0.0)
     a, b = c.other.clone(), c.other.clone()
     host = torch.empty((50, 4), dtype=torch.int64)

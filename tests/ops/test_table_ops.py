@@ -17,6 +17,8 @@ import types
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 import kvcanary as kc
 from kvcanary import FailReason as F
@@ -24,7 +26,11 @@ from kvcanary import RealKvHashMode as Mode
 from kvcanary.ops import backends
 from support import spec_model as M
 from support.canary_testlib import t32, t64
+from support.gpu_util import rng_for
 from support.table_cases import (
+    TableBatch,
+    WriteTokens,
+    make_canary_case,
     make_canary_cases,
     make_table_batch,
     make_write_tokens,
@@ -67,7 +73,7 @@ PARAMS = [(bsz, w, pad) for bsz in (1, 16, 64) for w in (0, 9) for pad in (0, -1
 @pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
 def test_verify_from_table_matches_the_model_in_both_table_forms(block_size, window, pad_row):
     for seed in range(2):
-        rng = np.random.default_rng([block_size, window, pad_row + 1, seed, 1])
+        rng = rng_for(block_size, window, pad_row, seed, 1)
         b, cases = random_setup(rng, block_size=block_size, window=window, pad_row=pad_row,
                                 shared_log=bool(seed))
         flat = copies(cases)
@@ -79,8 +85,9 @@ def test_verify_from_table_matches_the_model_in_both_table_forms(block_size, win
 
 @pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
 def test_verify_from_table_equals_plan_then_verify(block_size, window, pad_row):
+    reported = 0
     for seed in range(3):
-        rng = np.random.default_rng([block_size, window, pad_row + 1, seed, 2])
+        rng = rng_for(block_size, window, pad_row, seed, 2)
         b, cases = random_setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=3,
                                 shared_log=seed == 2)
         for paged in (True, False):
@@ -88,7 +95,8 @@ def test_verify_from_table_equals_plan_then_verify(block_size, window, pad_row):
             kc.launch_canary_verify_from_table(contexts=[c.context() for c in a], **b.verify_kwargs(paged))
             two_pass_verify(b, two, paged=paged)
             assert_same_state(a, two)
-            assert any(int(c.log.index[0]) > 0 for c in a)  # the cases do report something
+            reported += sum(int(c.log.index[0]) for c in a)
+    assert reported > 0  # the cases do report something
 
 
 def test_verify_reports_what_the_batch_holds():
@@ -124,7 +132,7 @@ def test_verify_reports_what_the_batch_holds():
 
 
 def test_verify_with_one_context_equals_each_context_alone():
-    rng = np.random.default_rng(5)
+    rng = rng_for(5)
     b, cases = random_setup(rng, block_size=16, window=0, pad_row=0, n_contexts=3, n_sources=2, mode=Mode.ALL)
     alone = copies(cases)
     kc.launch_canary_verify_from_table(contexts=tuple(c.context() for c in cases), **b.verify_kwargs(True))
@@ -160,7 +168,7 @@ def test_verify_from_table_large_batch_is_vectorized():
 @pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
 def test_write_from_table_matches_the_model_in_both_table_forms(block_size, window, pad_row):
     for seed in range(2):
-        rng = np.random.default_rng([block_size, window, pad_row + 1, seed, 3])
+        rng = rng_for(block_size, window, pad_row, seed, 3)
         b, cases = random_setup(rng, block_size=block_size, window=window, pad_row=pad_row, shared_log=bool(seed))
         tokens = make_write_tokens(rng, b, assert_on=bool(seed), short=2 if seed else 0)
         flat = copies(cases)
@@ -171,8 +179,9 @@ def test_write_from_table_matches_the_model_in_both_table_forms(block_size, wind
 
 @pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
 def test_write_from_table_equals_plan_then_write(block_size, window, pad_row):
+    changed = 0
     for seed in range(3):
-        rng = np.random.default_rng([block_size, window, pad_row + 1, seed, 4])
+        rng = rng_for(block_size, window, pad_row, seed, 4)
         b, cases = random_setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=2,
                                 shared_log=seed == 1)
         tokens = make_write_tokens(rng, b, assert_on=seed == 2, short=3 if seed == 1 else 0)
@@ -182,7 +191,8 @@ def test_write_from_table_equals_plan_then_write(block_size, window, pad_row):
                                               **tokens.kwargs())
             two_pass_write(b, two, tokens, paged=paged)
             assert_same_state(a, two)
-            assert any(x.canary.numpy().tobytes() != y.canary.numpy().tobytes() for x, y in zip(a, cases))
+            changed += sum(x.canary.numpy().tobytes() != y.canary.numpy().tobytes() for x, y in zip(a, cases))
+    assert changed > 0  # the cases do stamp something
 
 
 def test_write_token_offsets_skip_padding_and_invalid_rows():
@@ -225,7 +235,7 @@ def test_write_seed_is_translated_by_the_lut():
 
 
 def test_several_contexts_write_their_own_chains_and_fingerprints():
-    rng = np.random.default_rng(21)
+    rng = rng_for(21)
     b, cases = random_setup(rng, block_size=16, window=0, pad_row=0, n_contexts=2, n_sources=2, mode=Mode.PARTIAL,
                             bad_blocks=0)
     tokens = make_write_tokens(rng, b, skip=0, out_of_range=0, misplaced=0)
@@ -342,3 +352,54 @@ def test_the_new_ops_dispatch_to_the_backend_of_their_device(monkeypatch):
     assert [c[2] for c in calls] == [5, 6, None, None, None]
     assert all(c[1].device == cuda for c in calls)
     assert not buf.any() and int(log.kernel_run_counter[0]) == 0  # the CPU reference did not run
+
+
+# ----------------------------------------------------------------------------------------------- arbitrary inputs
+
+
+@given(st.data())
+def test_from_table_ops_match_the_model_on_arbitrary_small_inputs(data):
+    """Any values: negative prefixes and extends, table values past the canary, negative block ids, pad_row -1,
+    0 or 1, LUTs shorter than the table's values, small rings that overflow, sources smaller than the canary."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1)))
+    ints = st.integers
+    max_reqs, max_blocks, bsz = data.draw(ints(1, 4)), data.draw(ints(1, 3)), data.draw(ints(1, 4))
+    max_seq_len = max_blocks * bsz
+    num_slots = data.draw(ints(1, 24))
+    blocks = [[data.draw(ints(-3, num_slots // bsz + 2)) for _ in range(max_blocks)] for _ in range(max_reqs)]
+    r2t = [[-1 if row[p // bsz] < 0 else row[p // bsz] * bsz + p % bsz for p in range(max_seq_len)] for row in blocks]
+    bs = data.draw(ints(0, 4))
+    rpi = [data.draw(ints(-2, max_reqs)) for _ in range(bs)]
+    prefix = [data.draw(ints(-1, max_seq_len + 1)) for _ in range(bs)]
+    extend = [data.draw(ints(-1, 3)) for _ in range(bs)]
+    window = data.draw(st.sampled_from([0, 1, 3]))
+    lut = None
+    if window:
+        lut = t64([data.draw(ints(-1, num_slots + 1)) for _ in range(data.draw(ints(1, num_slots + bsz * 3)))])
+    pool = lens = None
+    if data.draw(st.booleans()):
+        pool = t32(rng.integers(0, 50, (max_reqs + data.draw(ints(0, 1)), data.draw(ints(1, max_seq_len + 2)))))
+        lens = t64([data.draw(ints(-1, max_seq_len + 2)) for _ in range(bs)])
+    b = TableBatch(req_pool_indices=t64(rpi), prefix_lens=t64(prefix), extend_seq_lens=t64(extend),
+                   block_table=t32(blocks), block_size=bsz, req_to_token=t32(r2t),
+                   pad_row=data.draw(st.sampled_from([-1, 0] + ([1] if max_reqs > 1 else []))), swa_window_size=window,
+                   lut=lut, expected_tokens=pool, expected_valid_lens=lens,
+                   token_offset=data.draw(st.sampled_from([0, 1, -1])), num_slots=num_slots,
+                   tokens=np.zeros((max_reqs, max_seq_len), np.int64))
+    mode = data.draw(st.sampled_from(list(Mode)))
+    n_sources = data.draw(ints(0, 2))
+    cases = [make_canary_case(rng, num_slots, n_sources=n_sources, mode=mode, ring_capacity=data.draw(ints(1, 6)),
+                              start_index=data.draw(ints(0, 3)), flag=data.draw(st.sampled_from([None, 0, 1])),
+                              source_rows=data.draw(st.sampled_from([None, num_slots // 2])), page_size=1)
+             for _ in range(data.draw(ints(1, 2)))]
+    for c in cases:  # small token and position values, so that records sometimes verify
+        c.canary.numpy().view(np.int64)[:, :2] = rng.integers(-1, 6, (num_slots, 2))
+    paged = data.draw(st.booleans())
+    run_verify_from_table(b, cases, paged=paged, check_token=data.draw(st.booleans()), rng=rng)
+    n = data.draw(ints(0, 10))
+    assert_on = data.draw(st.booleans())
+    tokens = WriteTokens(input_ids=t64(rng.integers(0, 5, n)), positions=t64(rng.integers(-1, 6, n)),
+                         out_cache_loc=t64(rng.integers(-1, num_slots + 2, n)),
+                         expected_input_tokens=t64(rng.integers(0, 5, n)) if assert_on else None,
+                         expected_input_positions=t64(rng.integers(-1, 6, n)) if assert_on else None)
+    run_write_from_table(b, cases, tokens, paged=paged, rng=rng)
