@@ -403,3 +403,14 @@ def test_from_table_ops_match_the_model_on_arbitrary_small_inputs(data):
                          expected_input_tokens=t64(rng.integers(0, 5, n)) if assert_on else None,
                          expected_input_positions=t64(rng.integers(-1, 6, n)) if assert_on else None)
     run_write_from_table(b, cases, tokens, paged=paged, rng=rng)
+
+
+def test_the_new_ops_are_public():
+    import kvcanary.ops
+
+    names = ["launch_canary_verify_from_table", "launch_canary_write_from_table", "gather_canary_records",
+             "scatter_canary_records", "copy_canary_records"]
+    for name in names:
+        assert name in kc.__all__ and name in kvcanary.ops.__all__
+        assert getattr(kc, name) is getattr(kvcanary.ops, name)
+        assert getattr(kc, name).__doc__
