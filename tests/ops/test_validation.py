@@ -16,39 +16,13 @@ import torch
 import kvcanary as kc
 from kvcanary.errors import KvCanaryDTypeError
 from kvcanary.ops import validation
-from support.canary_testlib import PoolSource, poison, t32, t64
+from support.canary_testlib import PoolSource, poison, storage_snapshot, t32, t64, tensors_in
 
 PLAN = "launch_canary_plan_kernels"
 WRITE = "launch_canary_write_kernel"
 
 
 # ----------------------------------------------------------------------------------------------- machinery
-
-
-def tensors_in(obj, out=None) -> list[torch.Tensor]:
-    """Every tensor reachable from an argument (plans, contexts, sources, tuples)."""
-    out = [] if out is None else out
-    if isinstance(obj, torch.Tensor):
-        out.append(obj)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            tensors_in(getattr(obj, f.name), out)
-    elif isinstance(obj, (tuple, list)):
-        for x in obj:
-            tensors_in(x, out)
-    elif isinstance(obj, dict):
-        for x in obj.values():
-            tensors_in(x, out)
-    return out
-
-
-def storage_snapshot(tensors) -> dict[int, bytes]:
-    snap = {}
-    for t in tensors:
-        s = t.untyped_storage()
-        if s.data_ptr() not in snap:
-            snap[s.data_ptr()] = torch.empty(0, dtype=torch.uint8).set_(s).numpy().tobytes()
-    return snap
 
 
 def outputs_of(op: str, kw: dict) -> list[torch.Tensor]:

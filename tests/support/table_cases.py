@@ -35,17 +35,19 @@ from kvcanary.ops.reference.hashing import mix3 as ref_mix3
 from support.gpu_util import LogState, SourceSpec, fingerprints, make_log, random_bytes, t
 
 
-def to_device(x: Any, device: Any, memo: dict[int, torch.Tensor] | None = None) -> Any:
-    """A deep copy of the tensors in ``x`` (dataclasses, lists, tuples, dicts) on ``device``; a tensor reached
-    twice (e.g. a log shared by several contexts) is copied once, so the copies share it too."""
+def to_device(x: Any, device: Any, memo: dict[int, Any] | None = None) -> Any:
+    """A deep copy of the tensors in ``x`` (dataclasses, lists, tuples, dicts) on ``device``; a tensor or
+    dataclass reached twice (e.g. a log shared by several contexts) is copied once, so the copies share it too."""
     memo = {} if memo is None else memo
     if isinstance(x, torch.Tensor):
         if id(x) not in memo:
             memo[id(x)] = x.to(device).clone()
         return memo[id(x)]
     if dataclasses.is_dataclass(x) and not isinstance(x, type):
-        return dataclasses.replace(x, **{f.name: to_device(getattr(x, f.name), device, memo)
-                                         for f in dataclasses.fields(x) if f.init})
+        if id(x) not in memo:
+            memo[id(x)] = dataclasses.replace(x, **{f.name: to_device(getattr(x, f.name), device, memo)
+                                                    for f in dataclasses.fields(x) if f.init})
+        return memo[id(x)]
     if isinstance(x, list):
         return [to_device(v, device, memo) for v in x]
     if isinstance(x, tuple):
@@ -222,7 +224,8 @@ def make_table_batch(
     # The batch: active rows, padding rows and invalid rows, shuffled.
     entries = [(rp, prefix[rp], extend[rp]) for rp in active]
     for _ in range(n_padding):
-        entries.append((pad_row, int(rng.integers(0, max_seq_len + 1)), int(rng.integers(0, 4))))
+        # A padding row's prefix may exceed max_seq_len too (then it is an invalid row, SPEC §9).
+        entries.append((pad_row, int(rng.integers(0, max_seq_len + 3)), int(rng.integers(0, 4))))
     for k in range(n_invalid):
         kind = k % 3
         if kind == 0:
@@ -490,6 +493,9 @@ def _slot_list(rng: np.random.Generator, n: int, num_slots: int, *, unique: bool
     s[k < bad / 2] = -rng.integers(1, 1 << 40, int((k < bad / 2).sum()))
     oor = (k >= bad / 2) & (k < bad)
     s[oor] = num_slots + rng.integers(0, 1 << 40, int(oor.sum()))
+    if bad > 0 and n >= 2:  # at least one entry of each kind
+        i, j = rng.choice(n, 2, replace=False)
+        s[i], s[j] = -1, num_slots + int(rng.integers(0, 4))
     return s
 
 

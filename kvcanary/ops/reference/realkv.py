@@ -21,7 +21,7 @@ def covered_slots(ctx: ContextViews) -> int:
     a source covering fewer (``num_rows * page_size``)."""
     if not ctx.folds_real_kv:
         return ctx.num_slots
-    return min(ctx.num_slots, *(s.num_rows * s.page_size for s in ctx.real_kv_sources))
+    return min(ctx.num_slots, *(s.num_slots for s in ctx.real_kv_sources))
 
 
 def source_hash(src: RealKvSourceView, slots: np.ndarray, nbytes: int) -> np.ndarray:
