@@ -48,9 +48,9 @@ from kvcanary.errors import invalid
 from kvcanary.ops.backends import backend_for
 from kvcanary.ops.checks import check_capacity, check_int, check_non_negative
 from kvcanary.ops.interop import ArrayView, Device, view
-from kvcanary.ops.launches import TableViews, VerifyTableLaunch, WriteTableLaunch
+from kvcanary.ops.launches import TableViews, VerifyLaunch, VerifyTableLaunch, WriteTableLaunch
 from kvcanary.ops.structs import RealKvSource, VerifyPlan
-from kvcanary.ops.validation import array, array_on
+from kvcanary.ops.validation import array, array_on, verify_plan_views
 from kvcanary.runtime.buffers import CanaryState
 from kvcanary.runtime.collector import ViolationCollector, check_mode
 from kvcanary.runtime.config import DEFAULT_WATCHDOG_PATIENCE, CanaryConfig
@@ -221,6 +221,7 @@ class KVCanary:
                else check_capacity("sweep_capacity", sweep_capacity))
         self.sweep_capacity = cap
         self._sweep_plan = VerifyPlan.allocate(verify_capacity=cap, device=self.device)
+        self._sweep_views = verify_plan_views(self._sweep_plan, "sweep plan")
 
         self.collector = ViolationCollector(status=self.state.status, violation_ring=self.state.violation_ring,
                                             write_index=self.state.violation_write_index, mode=mode, name=self.name)
@@ -562,8 +563,6 @@ class KVCanary:
         src = [a.obj if isinstance(a.obj, torch.Tensor) else torch.from_dlpack(a.obj) for a in args]
         plan = self._sweep_plan
         cap = self.sweep_capacity
-        from kvcanary.ops.sglang_ops import launch_canary_verify_kernel  # the sweep keeps the two-pass verify
-
         self.state.refresh()
         with stream_context(stream, self.device):
             for start in range(0, max(n, 1), cap):
@@ -577,10 +576,11 @@ class KVCanary:
                     plan.verify_expected_tokens[:m].fill_(-1)
                 plan.verify_num_valid.fill_(m)
                 plan.enable.fill_(1)
-                for kv in self.kvs:
-                    ctx = self.state.contexts[(CanaryLaunchTag.of("sweep", kv, group), Kernel.VERIFY)]
-                    launch_canary_verify_kernel(context=ctx, plan=plan,
-                                                check_verify_expected_token=expected_tokens is not None)
+                # The sweep keeps the plan-based verify (its entries are arbitrary slots, not a table walk), on
+                # the contexts validated once (any number of real-KV sources).
+                for ctx in self.state.context_views("sweep", group, Kernel.VERIFY):
+                    self._backend.verify(VerifyLaunch(device=dev, ctx=ctx, plan=self._sweep_views,
+                                                      check_expected_token=expected_tokens is not None), stream)
             if not is_capturing(self.device):
                 self._calls["sweep"] += 1
                 self._last_sweep_head = self._calls["head"]

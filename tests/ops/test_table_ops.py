@@ -329,7 +329,7 @@ def test_the_new_ops_dispatch_to_the_backend_of_their_device(monkeypatch):
     cuda = Device("cuda", 0)
 
     def fake(x, name="x"):
-        return dataclasses.replace(view(name, x), device=cuda)
+        return view(name, x)._replace(device=cuda)
 
     buf = kc.allocate_canary_buffer(8)
     log = kc.ViolationLog.allocate(ring_capacity=2)

@@ -32,7 +32,7 @@ OPS = {
 
 def fake_cuda(x, name):
     """A view of CPU memory that claims to live on cuda:0 (validation never dereferences it)."""
-    return dataclasses.replace(view(name, x), device=CUDA0)
+    return view(name, x)._replace(device=CUDA0)
 
 
 def expect(op: str, kw: dict, exc: type, message) -> None:
