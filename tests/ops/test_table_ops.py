@@ -10,7 +10,6 @@ byte).
 
 from __future__ import annotations
 
-import dataclasses
 import time
 import types
 
