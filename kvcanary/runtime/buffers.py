@@ -97,22 +97,30 @@ class CanaryState:
                             enable_chain_position_assert=self.chain_position_flag,
                         )
         self.views: dict[tuple[CanaryLaunchTag, Kernel], ContextViews] = {}
-        self._signatures: tuple = ()
+        self._launch_views: dict[tuple[str, str, Kernel], tuple[ContextViews, ...]] = {}
+        # The arrays under each phase's contexts (each once), whose signatures are compared at every step.
+        self._watched: dict[str, list[Any]] = {}
+        for phase in PHASE_KERNELS:
+            seen: dict[int, Any] = {}
+            for (tag, _), ctx in self.contexts.items():
+                if tag.phase == phase:
+                    for a in (ctx.canary_buf, ctx.violation_ring, self.status, ctx.enable_chain_position_assert,
+                              *(s.tensor for s in ctx.real_kv_sources)):
+                        seen.setdefault(id(a), a)
+            self._watched[phase] = list(seen.values())
+        self._signatures: dict[str, tuple] = {}
         self.refresh(force=True)
 
     # -- validation once, and again only when something changed --------------------------------------------
 
-    def _current_signature(self) -> tuple:
-        arrays: list[Any] = [*self.buffers.values(), self.violation_ring, self.status, self.chain_position_flag]
-        for ctx in self.contexts.values():
-            arrays.extend(src.tensor for src in ctx.real_kv_sources)
-        return tuple(_signature(a) for a in arrays)
+    def _signature_of(self, phase: str) -> tuple:
+        return tuple(_signature(a) for a in self._watched[phase])
 
-    def refresh(self, *, force: bool = False) -> bool:
-        """Re-validate every context if any array under them changed (address, shape or strides) since the
-        last validation; returns whether it did. Raises the SPEC §9 error if the change made a context invalid."""
-        sig = self._current_signature()
-        if not force and sig == self._signatures:
+    def refresh(self, phase: str = "head", *, force: bool = False) -> bool:
+        """Re-validate every context if an array under ``phase``'s contexts changed (address, shape or strides)
+        since the last validation; returns whether it did. Raises the SPEC §9 error if the change made a context
+        invalid. (``force``: validate now, whatever changed.)"""
+        if not force and self._signature_of(phase) == self._signatures[phase]:
             return False
         views = {key: context_views(ctx, max_sources=None) for key, ctx in self.contexts.items()}
         for v in views.values():
@@ -120,14 +128,17 @@ class CanaryState:
             if v.canary_buf.device.kind != self.device.type:
                 raise invalid(f"KVCanary buffers must be on {self.device}, got {v.canary_buf.device}")
         self.views = views
-        self._signatures = sig
+        self._launch_views = {
+            (phase_, group, kernel): tuple(views[(CanaryLaunchTag.of(phase_, kv, group), kernel)] for kv in self.kvs)
+            for phase_, kernels in PHASE_KERNELS.items() for group in self.groups for kernel in kernels}
+        self._signatures = {ph: self._signature_of(ph) for ph in PHASE_KERNELS}
         return True
 
     # -- lookups -----------------------------------------------------------------------------------------
 
     def context_views(self, phase: str, group: str, kernel: Kernel) -> tuple[ContextViews, ...]:
         """The validated contexts of ``phase`` in ``group`` for ``kernel``, one per K/V half (K first)."""
-        return tuple(self.views[(CanaryLaunchTag.of(phase, kv, group), kernel)] for kv in self.kvs)
+        return self._launch_views[(phase, group, kernel)]
 
     def tags(self, phases: Sequence[str] = consts.PHASES) -> tuple[CanaryLaunchTag, ...]:
         """The launch tags this canary uses for ``phases``, in tag order."""

@@ -483,7 +483,7 @@ class KVCanary:
             elif self._swa_locs is None:
                 raise invalid("step() needs swa_out_cache_loc, or a canary built with max_tokens_per_step to "
                               "translate out_cache_loc through swa.full_to_swa_index_mapping")
-        self.state.refresh()
+        self.state.refresh(phase)
 
         with stream_context(stream, self.device):
             if "swa" in self.group_slots and swa_loc is None:
@@ -563,7 +563,7 @@ class KVCanary:
         src = [a.obj if isinstance(a.obj, torch.Tensor) else torch.from_dlpack(a.obj) for a in args]
         plan = self._sweep_plan
         cap = self.sweep_capacity
-        self.state.refresh()
+        self.state.refresh("sweep")
         with stream_context(stream, self.device):
             for start in range(0, max(n, 1), cap):
                 m = min(cap, n - start)
