@@ -359,7 +359,7 @@ class KVCanary:
             from kvcanary.ops.cuda import backend  # CuPy is imported only on the CUDA path
 
             backend.warmup(self.device)
-            backend.prepare_contexts([v for v in self.state.views.values()])
+            backend.prepare_real_kv_sources(list(self.state.views.values()))
         self.state.chain_position_flag.fill_(0)
         try:
             yield self
