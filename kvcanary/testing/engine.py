@@ -838,8 +838,11 @@ class ServingSimulation:
         return batch
 
     def run(self, steps: int | None = None, *, max_steps: int = 10_000) -> None:
-        """Run ``steps`` steps; without ``steps``, until every request has finished (at most ``max_steps``),
-        then :meth:`flush`."""
+        """Run ``steps`` steps; without ``steps``, until every submitted request has finished (at most
+        ``max_steps``; needs ``config.arrival_prob == 0``), then :meth:`flush`."""
+        if steps is None and self.cfg.arrival_prob > 0:
+            raise invalid(f"run() without steps needs a finite workload (config.arrival_prob=0), got arrival_prob="
+                          f"{self.cfg.arrival_prob}")
         if steps is not None:
             for _ in range(steps):
                 self.step()

@@ -87,6 +87,9 @@ def test_submitted_workload_runs_to_completion():
     with pytest.raises(ValueError, match=r"kv-canary: a request needs a prompt and max_new_tokens >= 1 within "
                                          r"max_seq_len=96, got 90 \+ 10"):
         sim.submit([1] * 90, 10)
+    with pytest.raises(ValueError, match=r"kv-canary: run\(\) without steps needs a finite workload \(config.arrival_prob=0\), "
+                                         r"got arrival_prob=0.7"):
+        ServingSimulation(SimConfig()).run()
 
 
 def test_quarantine_aborts_the_readers_and_drops_the_cached_pages():
