@@ -74,6 +74,8 @@ def _when(sim_steps: int | None) -> str:
 
 def run_demo(*, device: str | None = None, steps: int = 60, seed: int = 0,
              out: Callable[[str], None] = print) -> DemoResult:
+    """Run the demo (see the module docstring), printing through ``out``: ``steps`` clean steps, two thirds
+    as many with speculative decoding, each fault scenario, and a fault schedule over ``3 * steps`` steps."""
     dev, description = pick_device(device)
     out(f"kvcanary demo - device: {dev} ({description})")
     cfg = SimConfig(seed=seed)

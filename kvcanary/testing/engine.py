@@ -65,8 +65,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Shape of the engine model and of its random workload. Defaults run about a hundred steps per second
-    on the CPU reference.
+    """Shape of the engine model and of its random workload (the defaults run some 50 to 100 steps per
+    second on the CPU reference).
 
     Pool: ``num_slots`` FULL slots (a multiple of ``page_size``; page 0 is reserved), ``max_running``
     requests at once, ``max_seq_len`` positions per request. Random arrivals (``arrival_prob`` > 0; 0 = only
