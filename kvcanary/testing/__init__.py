@@ -1,2 +1,11 @@
-"""Testing aids: fault injectors, an engine-shaped workload to drive a canary with, fault scenarios and the
-demo. Nothing here is on an engine's hot path."""
+"""Testing aids, nothing on an engine's hot path.
+
+* :mod:`~kvcanary.testing.faults` (also ``kvcanary.faults``): fault injectors, each with the target finder
+  for the engine model registered beside it, and :class:`~kvcanary.testing.schedule.FaultSchedule`;
+* :mod:`~kvcanary.testing.schedule`: fault schedules (random faults, each reported within a bound);
+* :mod:`~kvcanary.testing.engine`: the engine model, a serving engine's KV-cache management around a pluggable
+  model, guarded by canaries (paged pool, prefix cache, SWA, chunked prefill, padding, sweeps, EAGLE);
+* :mod:`~kvcanary.testing.models`: the models it plugs in (deterministic stand-ins for target and draft);
+* :mod:`~kvcanary.testing.scenarios`: one fault in a fresh engine model, and what the canary made of it;
+* :mod:`~kvcanary.testing.demo`: ``python -m kvcanary demo``.
+"""

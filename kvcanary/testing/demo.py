@@ -1,13 +1,17 @@
-"""``python -m kvcanary demo``: a simulated serving workload under the canary, then every fault injector.
+"""``python -m kvcanary demo``: the engine model under the canary, then every fault injector.
 
 1. Runs :class:`~kvcanary.testing.engine.ServingSimulation` (paged pool, arrivals and completions, shared
    system prompts in a prefix cache, an SWA group, chunked prefill and decode, CUDA-graph padding rows,
-   periodic sweeps) and checks that the canary reports nothing on these clean steps.
+   periodic sweeps) and checks that the canary reports nothing on these clean steps; then the same with
+   EAGLE-style speculative decoding (a draft pool with its own canary), which must stay clean too.
 2. Runs each :mod:`kvcanary.testing.faults` injector in a fresh simulation and prints a table: fault, detected?,
    the launch tag and reasons of the documented row, how many steps after the edit it was reported.
+3. Runs a :class:`~kvcanary.faults.FaultSchedule` (random faults of every kind, each of which must be reported
+   within a bound) over a speculative workload.
 
 Uses the CUDA backend when a GPU, CuPy and kvcanary's CUDA backend are all available, the CPU reference
-otherwise, and says which. Exit status 0 when the clean run is clean and every fault is detected.
+otherwise, and says which. Exit status 0 when the clean runs are clean and every fault is detected (in the
+table and by the schedule, with no report on a clean step), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +24,9 @@ from dataclasses import dataclass
 
 import torch
 
-from kvcanary.testing.engine import FAULT_NAMES, FaultResult, ServingSimulation, SimConfig, run_fault_scenario
+from kvcanary.testing.engine import ServingSimulation, SimConfig
+from kvcanary.testing.faults import FaultSchedule
+from kvcanary.testing.scenarios import FAULT_NAMES, FaultResult, run_fault_scenario
 
 
 def pick_device(requested: str | None = None) -> tuple[str, str]:
@@ -50,10 +56,16 @@ class DemoResult:
     clean_steps: int
     clean_violations: int
     faults: list[FaultResult]
+    spec_violations: int = 0
+    schedule: FaultSchedule | None = None
 
     @property
     def ok(self) -> bool:
-        return self.clean_violations == 0 and all(f.detected and f.clean_before for f in self.faults)
+        schedule_ok = self.schedule is None or (
+            self.schedule.faults and not self.schedule.missed and not self.schedule.clean_step_violations
+            and all(f.reported_at is not None for f in self.schedule.faults))
+        return bool(self.clean_violations == 0 and self.spec_violations == 0 and schedule_ok
+                    and all(f.detected and f.clean_before for f in self.faults))
 
 
 def _when(sim_steps: int | None) -> str:
@@ -62,12 +74,15 @@ def _when(sim_steps: int | None) -> str:
 
 def run_demo(*, device: str | None = None, steps: int = 60, seed: int = 0,
              out: Callable[[str], None] = print) -> DemoResult:
+    """Run the demo (see the module docstring), printing through ``out``: ``steps`` clean steps, two thirds
+    as many with speculative decoding, each fault scenario, and a fault schedule over ``3 * steps`` steps."""
     dev, description = pick_device(device)
     out(f"kvcanary demo - device: {dev} ({description})")
     cfg = SimConfig(seed=seed)
     t0 = time.perf_counter()
     sim = ServingSimulation(cfg, device=dev)
     sim.run(steps)
+    assert sim.canary is not None
     clean = sim.canary.poll(sync=True)
     h = sim.canary.health()
     s = sim.stats
@@ -80,6 +95,22 @@ def run_demo(*, device: str | None = None, steps: int = 60, seed: int = 0,
     out(f"  violations on clean steps: {len(clean)} (device total {h.violations_total})"
         + ("" if not clean else "  <-- UNEXPECTED"))
     for v in clean[:5]:
+        out(f"    {v}")
+
+    spec_steps = max(1, steps * 2 // 3)
+    t0 = time.perf_counter()
+    spec = ServingSimulation(SimConfig(seed=seed, spec_tokens=3), device=dev)
+    spec.run(spec_steps)
+    assert spec.canary is not None and spec.draft_canary is not None
+    spec_clean = spec.canary.poll(sync=True) + spec.draft_canary.poll(sync=True)
+    s = spec.stats
+    dh = spec.draft_canary.health()
+    out(f"\nSpeculative decoding (EAGLE, up to 3 draft tokens): {spec_steps} steps in {time.perf_counter() - t0:.1f} s: "
+        f"{s['drafted']} draft tokens verified, {s['accepted']} accepted, {s['draft_forwards']} draft forwards")
+    out(f"  draft pool canary (token check at position + 1): {dh.protected_tokens} tokens protected, "
+        f"{dh.verified_slots} prefix slots verified")
+    out(f"  violations on clean steps: {len(spec_clean)}" + ("" if not spec_clean else "  <-- UNEXPECTED"))
+    for v in spec_clean[:5]:
         out(f"    {v}")
 
     out("\nFault injection (each in a fresh simulation, after 12 clean steps):")
@@ -97,9 +128,10 @@ def run_demo(*, device: str | None = None, steps: int = 60, seed: int = 0,
         seen = f"{first.tag_name}: {'+'.join(first.reason_labels)}" if first is not None else "-"
         detected = "yes" if r.detected and r.clean_before else "NO"
         out(f"  {name:<22}{detected:<10}{_when(sim_step):<11}{doc:<48}{seen}")
-    result = DemoResult(dev, steps, len(clean), results)
+    schedule = run_schedule(dev, seed, steps * 3, out)
+    result = DemoResult(dev, steps, len(clean), results, len(spec_clean), schedule)
     out("\n" + ("OK: clean steps stayed clean and every fault was detected as documented."
-                if result.ok else "FAILED: see the table above."))
+                if result.ok else "FAILED: see above."))
     out("\nOne report, as the canary logs it and explained:")
     sample = next((r.first for r in results if r.first is not None), None)
     if sample is not None:
@@ -108,11 +140,35 @@ def run_demo(*, device: str | None = None, steps: int = 60, seed: int = 0,
     return result
 
 
+def run_schedule(dev: str, seed: int, steps: int, out: Callable[[str], None]) -> FaultSchedule:
+    """A fault schedule over a speculative workload: every fault kind with probability 0.04 per step after
+    10 clean steps, FULL or SWA, K or V, each to be reported within 12 steps."""
+    schedule = FaultSchedule(dict.fromkeys(FAULT_NAMES, 0.04), warmup_steps=10, targets="*:*", detect_within=12,
+                             seed=seed, raise_on_miss=False)
+    t0 = time.perf_counter()
+    sim = ServingSimulation(SimConfig(seed=seed + 1, spec_tokens=2), device=dev, fault_schedule=schedule)
+    sim.run(steps)
+    schedule.enabled = False           # let the last faults be reported
+    sim.run(schedule.detect_within)
+    sim.finish_fault_schedule()
+    lat = [f.latency for f in schedule.faults if f.latency is not None]
+    out(f"\nFault schedule ({steps} steps of a speculative workload, each fault kind drawn with p=0.04 per step, "
+        f"in {time.perf_counter() - t0:.1f} s):")
+    out(f"  {len(schedule.faults)} faults injected, {len(lat)} reported within {max(lat, default=0)} steps "
+        f"(bound {schedule.detect_within}), {len(schedule.missed)} missed, "
+        f"{len(schedule.clean_step_violations)} violations on clean steps")
+    for f in schedule.missed[:3]:
+        out(f"    {schedule.describe_miss(f, sim.step_index)}")
+    return schedule
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvcanary demo", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
                         help="force a backend (default: CUDA when available, else CPU)")
-    parser.add_argument("--steps", type=int, default=60, help="clean workload steps (default 60)")
+    parser.add_argument("--steps", type=int, default=60,
+                        help="clean workload steps (default 60; the speculative run takes 2/3 as many, the fault "
+                             "schedule 3 times as many)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     result = run_demo(device=args.device, steps=args.steps, seed=args.seed)

@@ -17,7 +17,8 @@ import kvcanary as kc  # noqa: E402 - after the skips above
 from kvcanary import CanaryLaunchTag as T  # noqa: E402
 from kvcanary import FailReason as F  # noqa: E402
 from kvcanary import faults  # noqa: E402
-from kvcanary.testing.engine import FAULT_NAMES, ServingSimulation, SimConfig, run_fault_scenario  # noqa: E402
+from kvcanary.testing.engine import ServingSimulation, SimConfig  # noqa: E402
+from kvcanary.testing.scenarios import FAULT_NAMES, run_fault_scenario  # noqa: E402
 
 DEV = torch.device("cuda", 0)
 PAGE, DIM = 4, 16                      # 16 int16 = 32 bytes of K (and of V) per token

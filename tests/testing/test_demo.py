@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 
 from kvcanary import __main__ as cli
-from kvcanary.testing.demo import pick_device
-from kvcanary.testing.engine import FAULT_NAMES
+from kvcanary import faults
+from kvcanary.testing.demo import DemoResult, pick_device
+from kvcanary.testing.scenarios import FAULT_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,22 @@ def test_demo_command_prints_the_table_and_succeeds():
         assert re.match(rf"^  {name}\s+yes\s+\+\d+ steps?\s+[A-Z]+_[KV]_(FULL|SWA): [a-z_+]+", line), line
     assert "OK: clean steps stayed clean and every fault was detected as documented." in out
     assert "kv_canary violation: launch_tag=" in out
+    # The speculative workload (two canaries) is clean, and the fault schedule's faults were all reported.
+    assert re.search(r"^Speculative decoding \(EAGLE, up to 3 draft tokens\): 13 steps in [\d.]+ s: \d+ draft tokens "
+                     r"verified, \d+ accepted, \d+ draft forwards$", out, re.M)
+    assert re.search(r"^  violations on clean steps: 0$", out, re.M)
+    m = re.search(r"^  (\d+) faults injected, (\d+) reported within \d+ steps \(bound 12\), 0 missed, "
+                  r"0 violations on clean steps$", out, re.M)
+    assert m and int(m.group(1)) == int(m.group(2)) > 0, out
+
+
+def test_demo_fails_when_anything_is_missed_or_unclean():
+    ok = DemoResult("cpu", 1, 0, [], 0, None)
+    assert ok.ok
+    assert not DemoResult("cpu", 1, 1, [], 0, None).ok
+    assert not DemoResult("cpu", 1, 0, [], 2, None).ok
+    empty = faults.FaultSchedule({"shift_position": 0.5})
+    assert not DemoResult("cpu", 1, 0, [], 0, empty).ok           # a schedule that injected nothing proves nothing
 
 
 def test_cli_usage_and_unknown_command(capsys):

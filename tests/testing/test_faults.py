@@ -1,5 +1,5 @@
-"""Every fault injector is detected with its documented tag, reasons, slot and timing; injectors edit in
-place and check their arguments."""
+"""Every fault injector is detected with its documented tag, reasons, slot and timing, for every target
+its registered finder supports; injectors edit in place and check their arguments; the registry."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import kvcanary as kc
 from kvcanary import CanaryLaunchTag as T
 from kvcanary import FailReason as F
 from kvcanary import faults
-from kvcanary.testing.engine import FAULT_NAMES, SimConfig, run_fault_scenario
+from kvcanary.testing.engine import SimConfig
+from kvcanary.testing.scenarios import FAULT_NAMES, run_fault_scenario
 
 # name -> (documented tag, documented bits, simulation steps from the edit to the reporting launch)
 DOCUMENTED = {
@@ -25,6 +26,33 @@ DOCUMENTED = {
 
 def test_every_injector_is_covered():
     assert set(FAULT_NAMES) == set(DOCUMENTED) == set(faults.INJECTORS)
+
+
+def test_every_injector_has_a_registered_scenario():
+    assert list(faults.FAULTS) == list(faults.INJECTORS) == list(FAULT_NAMES)
+    for name, kind in faults.FAULTS.items():
+        assert kind.name == name and kind.injector is faults.INJECTORS[name] and callable(kind.find_target)
+        assert set(kind.groups) <= {"full", "swa"} and "full" in kind.groups
+        assert kind.detected_by == T(DOCUMENTED[name][0]).name.split("_")[0].lower()
+        assert faults.fault_kind(name) is kind
+
+
+def test_unknown_fault_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"kv-canary: unknown fault 'remap'; choose from \('remap_req_to_token', "):
+        faults.fault_kind("remap")
+    with pytest.raises(ValueError, match="kv-canary: unknown fault 'nope'"):
+        run_fault_scenario("nope")
+    with pytest.raises(ValueError, match="kv-canary: fault 'recycle_slot' targets groups \\('full',\\), got group='swa'"):
+        run_fault_scenario("recycle_slot", group="swa")
+    with pytest.raises(ValueError, match="kv-canary: '<lambda>' is not a registered injector"):
+        faults.target_finder(lambda: None)
+
+    def remap_req_to_token():  # the name of an injector, but not the registered function
+        raise AssertionError
+
+    with pytest.raises(ValueError, match="kv-canary: 'remap_req_to_token' is not a registered injector"):
+        faults.target_finder(remap_req_to_token)
+    assert faults.FAULTS["remap_req_to_token"].injector is faults.remap_req_to_token
 
 
 @pytest.mark.parametrize("seed", [0, 4])
@@ -57,6 +85,24 @@ def test_idle_flip_is_seen_only_by_the_sweep():
     assert {(v.tag, v.slot) for v in r.violations} == {(T.SWEEP_K_FULL, s) for s in r.expected.slots}
 
 
+TARGETS = [(name, group, kv) for name, kind in faults.FAULTS.items() for group in kind.groups for kv in ("k", "v")]
+
+
+@pytest.mark.parametrize(("name", "group", "kv"), TARGETS)
+def test_fault_detected_at_every_target_its_finder_supports(name, group, kv):
+    # Half of them with speculative decoding on (the finders pick rows of a verify batch then).
+    spec = 3 if kv == "v" else 0
+    r = run_fault_scenario(name, SimConfig(seed=7, spec_tokens=spec), warmup_steps=10, kv=kv, group=group)
+    tag, bits, delay = DOCUMENTED[name]
+    want = T[f"{tag.name.split('_')[0]}_{kv}_{group}".upper()]
+    assert r.clean_before and r.note == ""
+    assert r.expected.tag == want and r.expected.reasons == bits and r.expected.slots
+    assert r.detected, f"{name}: expected {r.expected}, got {[str(v) for v in r.violations[:5]]}"
+    assert r.first.tag == want and r.first.slot in r.expected.slots
+    if delay is not None:
+        assert r.steps_after_injection(r.first) == delay
+
+
 # ------------------------------------------------------------------------------------------ injector contracts
 
 
@@ -73,8 +119,13 @@ def test_remap_edits_in_place_and_checks():
         faults.remap_req_to_token(r2t, req_pool_index=1, position=2, new_slot=99)
     with pytest.raises(TypeError, match="kv-canary: req_to_token must have dtype int32, got int64"):
         faults.remap_req_to_token(r2t.long(), req_pool_index=1, position=2, new_slot=5)
-    assert faults.remap_req_to_token(r2t, req_pool_index=0, position=0, new_slot=7, kv="v",
-                                     group="swa").tag == T.HEAD_V_SWA
+    exp = faults.remap_req_to_token(r2t, req_pool_index=0, position=0, new_slot=7, kv="v", group="swa")
+    assert exp.tag == T.HEAD_V_SWA and exp.slots is None     # the SWA slot is unknown without the table
+    lut = torch.zeros(16, dtype=torch.int64)
+    lut[9] = 42
+    exp = faults.remap_req_to_token(r2t, req_pool_index=0, position=1, new_slot=9, group="swa",
+                                    full_to_swa_index_mapping=lut)
+    assert exp.slots == frozenset({42}) and int(r2t[0, 1]) == 9
 
 
 def test_batch_injectors_check_their_arguments():

@@ -111,7 +111,7 @@ def test_toy_engine_clean_run_is_clean_and_exercises_the_cache(seed, reference_o
     assert engine.violations == []
     assert engine.canary.poll(sync=True) == []
     # The workload exercised what the canary guards: shared prefixes, eviction, SWA recycling, chunking.
-    for key in ("prefix_hit_tokens", "evictions", "swa_releases", "continuation_chunks", "sweeps"):
+    for key in ("prefix_hit_tokens", "evictions", "swa_frees", "continuation_chunks", "sweeps"):
         assert engine.stats[key] > 0, key
     # The canary only reads the pools: the model's outputs are those of the canary-less engine.
     assert {r.rid: r.generated for r in engine.finished} == reference_outputs[seed]
