@@ -9,6 +9,8 @@ Layers: :mod:`kvcanary.ops` (kernel-level ops: structures, validation, CPU refer
 injectors, an engine-shaped workload, the demo). Everything public is importable from ``kvcanary``.
 """
 
+import sys
+
 from kvcanary._version import __version__
 from kvcanary.consts import (
     CanaryLaunchTag,
@@ -42,6 +44,11 @@ from kvcanary.runtime.health import CanaryHealth, CanaryNotRunningError, CanaryW
 from kvcanary.runtime.planner import CanaryPlanner
 from kvcanary.runtime.report import CanaryViolationError, Violation
 from kvcanary.testing import faults
+from kvcanary.testing.schedule import FaultNotDetectedError, FaultSchedule
+
+# `kvcanary.faults` is the documented name of the fault injectors: importable as a module too
+# (`from kvcanary.faults import FaultSchedule`), not only as an attribute.
+sys.modules[__name__ + ".faults"] = faults
 
 __all__ = [
     "CanaryHealth",
@@ -52,6 +59,8 @@ __all__ = [
     "CanaryWatchdog",
     "CudaBackendUnavailableError",
     "FailReason",
+    "FaultNotDetectedError",
+    "FaultSchedule",
     "KVCanary",
     "KvCanaryDTypeError",
     "RealKvHashMode",

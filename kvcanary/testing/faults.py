@@ -89,8 +89,8 @@ class ExpectedViolation:
 
 def _tag(phase: str, kv: str, group: str) -> CanaryLaunchTag:
     try:
-        return CanaryLaunchTag[f"{phase}_{kv}_{group}".upper()]
-    except KeyError:
+        return CanaryLaunchTag.of(phase, kv, group)
+    except ValueError:
         raise invalid(f"kv must be 'k' or 'v' and group 'full' or 'swa', got kv={kv!r} group={group!r}") from None
 
 

@@ -246,15 +246,15 @@ def test_steps_after_empty_cache_and_reallocated_engine_tensors():
     cpu, gpu = ServingSimulation(cfg), ServingSimulation(cfg, device=DEV)
     for sim in (cpu, gpu):
         sim.run(15)
-    old = (gpu.req_to_token.data_ptr(), gpu.k_pool.data_ptr())
+    old = (gpu.req_to_token.data_ptr(), gpu.pools.k.data_ptr())
     # Re-allocate the engine's long-lived tensors in place of the old ones (same objects, new storage).
-    for t in (gpu.req_to_token, gpu.expected_tokens, gpu.full_to_swa, gpu.k_pool, gpu.v_pool):
+    for t in (gpu.req_to_token, gpu.expected_tokens, gpu.full_to_swa, gpu.pools.k, gpu.pools.v):
         fresh = t.clone()
         t.set_(torch.empty(0, dtype=t.dtype, device=DEV))
         torch.cuda.empty_cache()
         t.set_(fresh)
     torch.cuda.empty_cache()
-    assert (gpu.req_to_token.data_ptr(), gpu.k_pool.data_ptr()) != old
+    assert (gpu.req_to_token.data_ptr(), gpu.pools.k.data_ptr()) != old
     for sim in (cpu, gpu):
         sim.run(15)
     assert cpu.canary.poll(sync=True) == [] and gpu.canary.poll(sync=True) == []
