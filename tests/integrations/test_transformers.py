@@ -263,3 +263,19 @@ def test_refusals_name_the_setting():
 def test_importing_kvcanary_does_not_import_transformers():
     code = "import sys, kvcanary, kvcanary.integrations; sys.exit('transformers' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_benchmark_script_runs_on_a_small_model(tmp_path, monkeypatch):
+    """bench/bench_transformers.py is run on a GPU only by hand: keep it working (its --small CPU mode)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "bench_transformers.py"
+    spec = importlib.util.spec_from_file_location("bench_transformers", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_transformers", bench)   # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    out = tmp_path / "bench.md"
+    assert bench.main(["--small", "--batch-sizes", "1,2", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| 1 |" in text and "| 2 |" in text and "all clean" in text

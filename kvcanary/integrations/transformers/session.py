@@ -106,6 +106,7 @@ class CanarySession:
         if mode != RealKvHashMode.NONE:
             k_src = tuple(g.sources(0, read_bytes=options.real_kv_read_bytes))
             v_src = tuple(g.sources(1, read_bytes=options.real_kv_read_bytes))
+        self.k_sources, self.v_sources = k_src, v_src   # one per layer, in layer order (TAIL and SWEEP fold them)
         # Built outside inference mode: the engine's thread may run under it, and inference tensors could not be
         # updated in place later from the caller's thread (reset_log, the tables).
         with torch.inference_mode(False), torch.no_grad():
