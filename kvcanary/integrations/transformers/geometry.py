@@ -87,11 +87,16 @@ class CacheGeometry:
         return [RealKvSource(tensor=self.kv[:, i, half], page_size=self.page_size,
                              num_bytes_per_token=self.token_bytes, read_bytes=n) for i in range(len(self.layers))]
 
-    def slots_of_blocks(self, blocks: list[int]) -> torch.Tensor:
-        """int64 ``[len(blocks) * page_size]`` (CPU): the slots of ``blocks``, block after block."""
-        b = torch.tensor(blocks, dtype=torch.int64)
-        return (b[:, None] * self.page_size + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
-
     def slots_of_write_index(self, write_index: torch.Tensor) -> torch.Tensor:
         """The canary slot of each engine write row (int64 ``[n]``, on the index's device, no host sync)."""
         return (write_index // self.stride) * self.page_size + write_index % self.stride
+
+
+def upload(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 ``[len(values)]`` on ``device``. On CUDA the copy is issued from pinned memory without waiting, on
+    torch's current stream (a fresh pinned buffer each call: the caching host allocator reuses it only once the
+    copy is done)."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host
+    return host.pin_memory().to(device, non_blocking=True)

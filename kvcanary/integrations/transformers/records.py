@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from kvcanary import consts
+from kvcanary.integrations.transformers.geometry import upload
 from kvcanary.ops.record_ops import copy_canary_records, gather_canary_records, scatter_canary_records
 
 
@@ -60,9 +61,8 @@ class RecordMover:
         self.moved = {"fork_blocks": 0, "offloaded_blocks": 0, "restored_blocks": 0}   # blocks whose records moved
 
     def _slots(self, blocks: list[int]) -> torch.Tensor:
-        b = torch.tensor(blocks, dtype=torch.int64)
-        slots = (b[:, None] * self.page_size + torch.arange(self.page_size, dtype=torch.int64)).reshape(-1)
-        return slots.to(self.device)
+        b = upload(blocks, self.device)
+        return (b[:, None] * self.page_size + torch.arange(self.page_size, device=self.device)).reshape(-1)
 
     def copy_blocks(self, src_blocks: list[int], dst_blocks: list[int]) -> None:
         """Fork: copy the records of every slot of ``src_blocks[k]`` to ``dst_blocks[k]``, in every buffer."""

@@ -36,7 +36,7 @@ import torch
 
 from kvcanary.consts import RealKvHashMode
 from kvcanary.errors import invalid
-from kvcanary.integrations.transformers.geometry import FULL_ATTENTION, CacheGeometry
+from kvcanary.integrations.transformers.geometry import FULL_ATTENTION, CacheGeometry, upload
 from kvcanary.integrations.transformers.records import RecordMover
 from kvcanary.integrations.transformers.refusals import UnsupportedSettingError
 from kvcanary.integrations.transformers.tables import RequestTables, TableUpdates
@@ -169,12 +169,11 @@ class CanarySession:
         written = int(io.true_write_sizes[0])
         if total != written:
             raise invalid(f"the batch's query lengths add up to {total} tokens but the engine writes {written}")
-        host = torch.tensor(rows + prefix + extend + valid + updates.table + updates.tokens, dtype=torch.int64)
         if self.stream is not None:
             # prepare_batch_tensors filled the IO tensors on the caller's stream.
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
         with self.on_stream():
-            dev = host.to(self.device)
+            dev = upload(rows + prefix + extend + valid + updates.table + updates.tokens, self.device)
             meta = dev[: 4 * n].view(4, n)
             nt = len(updates.table)
             self.tables.apply(dev[4 * n: 4 * n + nt], dev[4 * n + nt:], updates.cleared_rows)
@@ -234,9 +233,8 @@ class CanarySession:
                 first_prev.append(0)                        # predecessor gone: no chain check
             tokens.extend(c.tokens)
         nb = len(blocks)
-        host = torch.tensor(blocks + index + first_prev + tokens, dtype=torch.int64)
         with self.on_stream():
-            dev = host.to(self.device)
+            dev = upload(blocks + index + first_prev + tokens, self.device)
             ar = torch.arange(ps, dtype=torch.int64, device=self.device)
             slots = (dev[:nb, None] * ps + ar).reshape(-1)
             positions = (dev[nb: 2 * nb, None] * ps + ar).reshape(-1)
