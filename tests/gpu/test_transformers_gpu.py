@@ -24,7 +24,7 @@ if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
 
 from kvcanary import CanaryLaunchTag as T  # noqa: E402
 from kvcanary.integrations.transformers import TESTED_TRANSFORMERS_VERSION  # noqa: E402
-from support.hf_engine import (  # noqa: E402
+from kvcanary.testing.transformers_engine import (  # noqa: E402
     BUGS,
     fork_workload,
     generate,
@@ -79,5 +79,6 @@ def test_clean_run_on_cuda(model, workload):
 @pytest.mark.parametrize("name", ["table_entry_to_another_request", "kv_byte_flipped_in_cached_block",
                                   "position_id_slip", "fork_shares_block_to_copy"])
 def test_planted_bug_on_cuda(model, monkeypatch, name):
-    h = run_planted(model, BUGS[name], monkeypatch)
+    h, _plant, verdict = run_planted(model, BUGS[name], monkeypatch)
+    assert verdict is None, verdict
     assert h.canary.device.type == "cuda"

@@ -29,7 +29,7 @@ from kvcanary.integrations.transformers import (  # noqa: E402
     patched_functions,
 )
 from kvcanary.integrations.transformers import records as tf_records  # noqa: E402
-from support.hf_engine import (  # noqa: E402
+from kvcanary.testing.transformers_engine import (  # noqa: E402
     BUGS,
     Plant,
     cb,
@@ -115,12 +115,13 @@ def test_records_must_move_with_the_kv(model, monkeypatch, move):
 
 
 # --------------------------------------------------------------------------------------------------------
-# Bugs planted in the engine's own code paths (support.hf_engine.BUGS: the story, the workload, the expected report)
+# Bugs planted in the engine's own code paths (kvcanary.testing.transformers_engine.BUGS: story, workload, report)
 
 
 @pytest.mark.parametrize("name", list(BUGS))
 def test_planted_bug_is_reported_as_expected(model, monkeypatch, name):
-    run_planted(model, BUGS[name], monkeypatch)
+    _h, _plant, verdict = run_planted(model, BUGS[name], monkeypatch)
+    assert verdict is None, verdict
 
 
 def test_raise_mode_stops_the_engine_and_reraises(model, monkeypatch):

@@ -1,12 +1,13 @@
-"""HF transformers' continuous batching as a test rig for the kvcanary integration (imports transformers: use it
-after ``pytest.importorskip("transformers")``).
+"""HF transformers' continuous batching as a test rig for :mod:`kvcanary.integrations.transformers`: used by the
+integration tests (CPU and GPU) and by ``python -m kvcanary demo --engine transformers``. Imports transformers.
 
-* a tiny random Llama built from a config (no downloads), on any device and dtype;
+* :func:`tiny_llama`: a tiny random Llama built from a config (no downloads), on any device and dtype;
 * workloads that exercise the engine's cache management (prefix sharing and de-duplication, chunked prefill,
   forks, soft resets, offload and restore);
-* :data:`BUGS`: realistic bugs planted in the engine's own code paths, each with the report it must produce.
-  A bug is installed with ``monkeypatch`` before ``attach()`` (the canary then wraps the buggy engine) and
-  removed by the fixture's teardown, after ``detach()``.
+* :data:`BUGS`: realistic bugs planted in the engine's own code paths, each with the report it must produce. A
+  bug is installed through an object with ``setattr(target, name, value)`` that restores what it replaced
+  (pytest's ``monkeypatch``, or :class:`Patches`) before ``attach()`` (the canary then wraps the buggy engine),
+  and removed after ``detach()``.
 """
 
 from __future__ import annotations
@@ -123,7 +124,8 @@ def generate(model, prompts, gen, config, **attach_kw):
     with attach(model, **{**kw, **attach_kw}) as h:
         out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=config)
     errors = [o.error for o in out.values() if o.error]
-    assert not errors, errors[:1]
+    if errors:
+        raise RuntimeError(f"kv-canary: {len(errors)} requests failed, the first with: {errors[0]}")
     return out, h
 
 
@@ -153,12 +155,35 @@ class Plant:
         self.slots = {b * PS + o for b in blocks for o in range(PS)} | set(slots)
 
 
+class Patches:
+    """``setattr(target, name, value)`` that puts every replaced attribute back on exit (``with Patches() as p``),
+    last replaced first: pytest's ``monkeypatch`` for code outside pytest."""
+
+    def __init__(self) -> None:
+        self._saved: list[tuple[Any, str, Any]] = []
+
+    def setattr(self, target: Any, name: str, value: Any) -> None:
+        self._saved.append((target, name, target.__dict__[name]))
+        setattr(target, name, value)
+
+    def undo(self) -> None:
+        while self._saved:
+            target, name, value = self._saved.pop()
+            setattr(target, name, value)
+
+    def __enter__(self) -> Patches:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.undo()
+
+
 def _slot_of_write_row(alloc, w: int) -> int:
     stride = alloc.block_physical_stride
     return (w // stride) * PS + w % stride
 
 
-def _remap_table_entry(monkeypatch, plant: Plant) -> None:
+def _remap_table_entry(patches, plant: Plant) -> None:
     orig = cb_io.ContinuousBatchingIOs.prepare_batch_tensors
 
     def buggy(self, requests_in_batch, *a, **k):
@@ -176,10 +201,10 @@ def _remap_table_entry(monkeypatch, plant: Plant) -> None:
                     break
         return orig(self, requests_in_batch, *a, **k)
 
-    monkeypatch.setattr(cb_io.ContinuousBatchingIOs, "prepare_batch_tensors", buggy)
+    patches.setattr(cb_io.ContinuousBatchingIOs, "prepare_batch_tensors", buggy)
 
 
-def _hand_out_live_block(monkeypatch, plant: Plant) -> None:
+def _hand_out_live_block(patches, plant: Plant) -> None:
     orig = cb_full.FullAttentionCacheAllocator.allocate_cache_to_request
 
     def buggy(self, request_id, past_length, query_length):
@@ -195,10 +220,10 @@ def _hand_out_live_block(monkeypatch, plant: Plant) -> None:
                 written = past_length + query_length - had * PS   # offsets of the new block this step writes
                 plant.strike(plant.now() + 1, slots=[live * PS + o for o in range(written)])
 
-    monkeypatch.setattr(cb_full.FullAttentionCacheAllocator, "allocate_cache_to_request", buggy)
+    patches.setattr(cb_full.FullAttentionCacheAllocator, "allocate_cache_to_request", buggy)
 
 
-def _flip_cached_v_byte(monkeypatch, plant: Plant) -> None:
+def _flip_cached_v_byte(patches, plant: Plant) -> None:
     orig = cb_api.ContinuousBatchProcessor.update_batch
 
     def buggy(self):
@@ -211,10 +236,10 @@ def _flip_cached_v_byte(monkeypatch, plant: Plant) -> None:
             row[0] ^= 0x01
             plant.strike(plant.now(), slots=[block * PS + 1])
 
-    monkeypatch.setattr(cb_api.ContinuousBatchProcessor, "update_batch", buggy)
+    patches.setattr(cb_api.ContinuousBatchProcessor, "update_batch", buggy)
 
 
-def _slip_position_id(monkeypatch, plant: Plant) -> None:
+def _slip_position_id(patches, plant: Plant) -> None:
     orig = cb_io.ContinuousBatchingIOs.prepare_batch_tensors
 
     def buggy(self, requests_in_batch, *a, **k):
@@ -230,10 +255,10 @@ def _slip_position_id(monkeypatch, plant: Plant) -> None:
                     break
                 start += fs.query_length
 
-    monkeypatch.setattr(cb_io.ContinuousBatchingIOs, "prepare_batch_tensors", buggy)
+    patches.setattr(cb_io.ContinuousBatchingIOs, "prepare_batch_tensors", buggy)
 
 
-def _dedup_other_tokens(monkeypatch, plant: Plant) -> None:
+def _dedup_other_tokens(patches, plant: Plant) -> None:
     orig = cb_alloc.CacheAllocator.mark_complete_blocks
 
     def buggy(self, request_id, token_ids, new_new_blocks):
@@ -249,10 +274,10 @@ def _dedup_other_tokens(monkeypatch, plant: Plant) -> None:
                     self.pool.free_blocks(self.index, [old])
                 plant.strike(plant.now(), blocks=[others[0]])
 
-    monkeypatch.setattr(cb_alloc.CacheAllocator, "mark_complete_blocks", buggy)
+    patches.setattr(cb_alloc.CacheAllocator, "mark_complete_blocks", buggy)
 
 
-def _share_fork_block(monkeypatch, plant: Plant) -> None:
+def _share_fork_block(patches, plant: Plant) -> None:
     def buggy(self, source_request_id, dest_request_id, past_length):
         source = self.block_table[source_request_id]
         for b in source:
@@ -262,7 +287,7 @@ def _share_fork_block(monkeypatch, plant: Plant) -> None:
         plant.strike(plant.now() if plant.step is None else plant.step, slots=shared)
         return [], []
 
-    monkeypatch.setattr(cb_alloc.CacheAllocator, "fork_blocks", buggy)
+    patches.setattr(cb_alloc.CacheAllocator, "fork_blocks", buggy)
 
 
 @dataclass(frozen=True)
@@ -286,16 +311,22 @@ class PlantedBug:
     exact: bool = False
     absent: int = 0
 
-    def check(self, violations: list, step_of: Callable[[Any], tuple[int, str] | None], plant: Plant, *,
-              ordered: bool = True) -> None:
-        """Check the first report. ``ordered``: the first violation itself must match (the CPU reference appends
-        rows in entry order); otherwise one of the rows of the first reporting launch must (CUDA threads append
-        rows of one launch in any order)."""
+    def verdict(self, violations: list, step_of: Callable[[Any], tuple[int, str] | None], plant: Plant, *,
+                ordered: bool = True) -> str | None:
+        """None when the first report is the expected one, else what is wrong. ``ordered``: the first violation
+        itself must match (the CPU reference appends rows in entry order); otherwise one of the rows of the first
+        reporting launch must (CUDA threads append the rows of one launch in any order)."""
+        if plant.step is None:
+            return "the bug was never planted"
+        if not violations:
+            return "the planted bug went unreported"
         first = violations[0]
         found = step_of(first)
-        assert found is not None, "the first report has no engine step"
+        if found is None:
+            return "the first report has no engine step"
         step, phase = found
-        assert phase == self.phase and plant.step + self.lag <= step <= plant.step + self.within, (found, plant.step)
+        if phase != self.phase or not plant.step + self.lag <= step <= plant.step + self.within:
+            return f"first report in engine step {step} ({phase}), bug planted in step {plant.step}"
         rows = [first] if ordered else [v for v in violations if v.step == first.step and v.tag == int(self.tag)]
 
         def matches(v) -> bool:
@@ -304,7 +335,9 @@ class PlantedBug:
                                                 else bits & int(self.reasons) == int(self.reasons))
                     and not bits & self.absent and v.slot in plant.slots)
 
-        assert any(matches(v) for v in rows), (str(first), sorted(plant.slots))
+        if not any(matches(v) for v in rows):
+            return f"unexpected first report: {first}"
+        return None
 
 
 BUGS = {b.name: b for b in (
@@ -346,16 +379,15 @@ BUGS = {b.name: b for b in (
 )}
 
 
-def run_planted(model, bug: PlantedBug, monkeypatch, **attach_kw):
-    """Install ``bug``, run its workload under a quiet canary (sweeping every 4 steps), and check the first
-    report. Returns the handle."""
+def run_planted(model, bug: PlantedBug, patches, **attach_kw):
+    """Install ``bug`` through ``patches`` (``monkeypatch`` or :class:`Patches`; the caller undoes it), run its
+    workload under a quiet canary sweeping every 4 steps. Returns ``(handle, plant, verdict)``: ``verdict`` is
+    None when the first report is the expected one (:meth:`PlantedBug.verdict`)."""
     plant = Plant()
-    bug.install(monkeypatch, plant)
+    bug.install(patches, plant)
     prompts, gen, config = bug.workload()
     with attach(model, **{"mode": "quiet", "sweep_interval": 4, **attach_kw}) as h:
         plant.handle = h
         model.generate_batch(prompts, generation_config=gen, continuous_batching_config=config)
-    assert plant.step is not None, "the bug was never planted"
-    assert h.violations, "the planted bug went unreported"
-    bug.check(h.violations, h.engine_step_of, plant, ordered=h.canary.device.type == "cpu")
-    return h
+    ordered = h.canary is None or h.canary.device.type == "cpu"
+    return h, plant, bug.verdict(h.violations, h.engine_step_of, plant, ordered=ordered)
