@@ -195,6 +195,22 @@ def _persistent_runs(manager):
     assert h.violations == []
 
 
+def test_attach_checks_its_arguments(model):
+    engine = patched_functions()
+    with pytest.raises(ValueError, match=r"^kv-canary: mode must be one of \('log', 'raise', 'quiet'\), got 'loud'$"):
+        attach(model, mode="loud")
+    with pytest.raises(ValueError, match=r"^kv-canary: sweep_interval must be a positive int or None, got 0$"):
+        attach(model, sweep_interval=0)
+    with pytest.raises(ValueError, match=r"^kv-canary: real_kv_hash_mode must be a RealKvHashMode \(0, 1 or 2\), "
+                                         r"got 7$"):
+        attach(model, real_kv_hash_mode=7)
+    with pytest.raises(ValueError, match=r"^kv-canary: attach\(\) derives \['num_slots'\] from the cache"):
+        attach(model, num_slots=64)
+    with pytest.raises(TypeError, match=r"^kv-canary: attach\(\) needs a transformers model"):
+        attach(object())
+    assert patched_functions() == engine   # nothing installed by a refused attach()
+
+
 def _refusal(fn) -> str:
     with pytest.raises(UnsupportedSettingError) as e:
         fn()

@@ -234,8 +234,12 @@ def attach(target: Any, *, mode: str = "log", sweep_interval: int | None = 16,
     bad = sorted(set(canary_kwargs) & _DERIVED)
     if bad:
         raise invalid(f"attach() derives {bad} from the cache and its own arguments; got them in canary_kwargs")
-    if sweep_interval is not None and (not isinstance(sweep_interval, int) or sweep_interval < 1):
-        raise invalid(f"sweep_interval must be a positive int or None, got {sweep_interval!r}")
+    for arg, value in (("sweep_interval", sweep_interval), ("max_seq_len", max_seq_len), ("max_rows", max_rows),
+                       ("real_kv_read_bytes", real_kv_read_bytes)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise invalid(f"{arg} must be a positive int or None, got {value!r}")
+    if int(real_kv_hash_mode) not in set(RealKvHashMode):
+        raise invalid(f"real_kv_hash_mode must be a RealKvHashMode (0, 1 or 2), got {real_kv_hash_mode!r}")
     is_manager = isinstance(target, ContinuousBatchingManager)
     if not is_manager and not hasattr(target, "init_continuous_batching"):
         raise TypeError("kv-canary: attach() needs a transformers model with continuous batching or a "
