@@ -104,17 +104,13 @@ def swap_pool_on_cpu():
             kw.pop("pin_memory", None)
             return real(*args, **kw)
 
-        torch.empty = empty
-        try:
+        with Patches() as patches:
+            patches.setattr(torch, "empty", empty)
             orig(self, *a, **k)
-        finally:
-            torch.empty = real
 
-    cb_off.OffloadingManager.__init__ = init
-    try:
+    with Patches() as patches:
+        patches.setattr(cb_off.OffloadingManager, "__init__", init)
         yield
-    finally:
-        cb_off.OffloadingManager.__init__ = orig
 
 
 def generate(model, prompts, gen, config, **attach_kw):
