@@ -6,7 +6,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo test lint setup bench-cpu clean
+.PHONY: demo demo-transformers test lint setup bench-cpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,6 +19,10 @@ setup: $(VENV)/.installed
 
 demo: setup
 	$(VPY) -m kvcanary demo
+
+# The same on a real engine: HF transformers' continuous batching with bugs planted in it.
+demo-transformers: setup
+	$(VPY) -m kvcanary demo --engine transformers
 
 lint: setup
 	$(VPY) -m ruff check .

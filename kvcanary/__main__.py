@@ -1,4 +1,4 @@
-"""Command line: ``python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S]``."""
+"""Command line: ``python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S] [--engine sim|transformers]``."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S]\n\n"
-              "  demo   drive a KVCanary through a simulated serving workload, then run every fault injector")
+        print("usage: python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S] [--engine sim|transformers]\n\n"
+              "  demo   drive a KVCanary through a simulated serving workload, then run every fault injector\n"
+              "         (--engine transformers: HF transformers' continuous batching, with bugs planted in it)")
         return 0 if argv else 2
     if argv[0] == "demo":
         from kvcanary.testing.demo import main as demo_main

@@ -9,6 +9,10 @@
 3. Runs a :class:`~kvcanary.faults.FaultSchedule` (random faults of every kind, each of which must be reported
    within a bound) over a speculative workload.
 
+``--engine transformers`` tells the same story on a real engine instead: HF transformers' continuous batching
+with a tiny random Llama under :func:`kvcanary.integrations.transformers.attach`, a clean run, then every bug of
+:data:`kvcanary.testing.transformers_engine.BUGS` planted in the engine's own code paths.
+
 Uses the CUDA backend when a GPU, CuPy and kvcanary's CUDA backend are all available, the CPU reference
 otherwise, and says which. Exit status 0 when the clean runs are clean and every fault is detected (in the
 table and by the schedule, with no report on a clean step), 1 otherwise.
@@ -162,6 +166,61 @@ def run_schedule(dev: str, seed: int, steps: int, out: Callable[[str], None]) ->
     return schedule
 
 
+def run_transformers_demo(*, device: str | None = None, out: Callable[[str], None] = print) -> bool:
+    """The same story on a real engine: HF transformers' continuous batching (a tiny random Llama, no download)
+    under :func:`kvcanary.integrations.transformers.attach`: a clean run, then each bug of
+    :data:`kvcanary.testing.transformers_engine.BUGS` planted in the engine's own code. True when the clean run
+    stayed clean (and changed no token) and every bug was reported as documented."""
+    try:
+        from kvcanary.testing import transformers_engine as hf
+    except ImportError as e:
+        out(f"kv-canary: the transformers engine needs the transformers extra (pip install 'kvcanary[transformers]'): "
+            f"{e}")
+        return False
+    import transformers
+
+    dev, description = pick_device(device)
+    out(f"kvcanary demo on HF transformers {transformers.__version__} continuous batching - device: {dev} "
+        f"({description})")
+    transformers.logging.set_verbosity_error()
+    model = hf.tiny_llama(device=dev, dtype=torch.float32 if dev == "cpu" else torch.bfloat16)
+    prompts, gen, config = hf.prefix_workload(new_tokens=40)
+    t0 = time.perf_counter()
+    ref = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=config)
+    generated, h = hf.generate(model, prompts, gen, config)
+    s = h.stats()
+    same = hf.tokens(generated) == hf.tokens(ref)
+    out(f"\nClean run: {len(prompts)} requests, {s['engine_steps']} engine steps in {time.perf_counter() - t0:.1f} s "
+        f"(with the reference run); {s['dedup_swaps']} de-duplicated blocks; {h.health().verified_slots} prefix "
+        f"slots verified, {h.health().swept_slots} swept")
+    out(f"  violations: {len(h.violations)}; tokens identical to the engine without the canary: {same}")
+    ok = same and not h.violations
+
+    out("\nBugs planted in the engine (each in a fresh run):")
+    header = f"  {'bug':<34}{'detected':<10}{'engine step':<13}first report"
+    out(header)
+    out("  " + "-" * (len(header) + 30))
+    first_seen = None
+    for name, bug in hf.BUGS.items():
+        with hf.Patches() as patches:
+            h, plant, verdict = hf.run_planted(model, bug, patches)
+        first = h.violations[0] if h.violations else None
+        found = h.engine_step_of(first) if first is not None else None
+        when = "-" if found is None or plant.step is None else f"+{found[0] - plant.step} {found[1]}"
+        seen = f"{first.tag_name}: {'+'.join(first.reason_labels)}" if first is not None else "-"
+        out(f"  {name:<34}{'yes' if verdict is None else 'NO':<10}{when:<13}{seen}")
+        if verdict is not None:
+            out(f"      {verdict}")
+        ok = ok and verdict is None
+        first_seen = first_seen or first
+    out("\n" + ("OK: the clean run stayed clean and every planted bug was reported as documented."
+                if ok else "FAILED: see above."))
+    if first_seen is not None:
+        out("\nOne report, explained:")
+        out(first_seen.explain())
+    return ok
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kvcanary demo", description=__doc__.splitlines()[0])
     parser.add_argument("--device", choices=("cpu", "cuda"), default=None,
@@ -170,7 +229,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="clean workload steps (default 60; the speculative run takes 2/3 as many, the fault "
                              "schedule 3 times as many)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--engine", choices=("sim", "transformers"), default="sim",
+                        help="sim: the simulated engine (default); transformers: HF transformers' continuous "
+                             "batching (needs the transformers extra)")
     args = parser.parse_args(argv)
+    if args.engine == "transformers":
+        return 0 if run_transformers_demo(device=args.device) else 1
     result = run_demo(device=args.device, steps=args.steps, seed=args.seed)
     return 0 if result.ok else 1
 

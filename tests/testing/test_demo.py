@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from kvcanary import __main__ as cli
@@ -62,3 +63,17 @@ def test_pick_device_says_why_it_uses_the_cpu():
     dev, why = pick_device()
     if not torch.cuda.is_available():
         assert (dev, why) == ("cpu", "CPU reference backend (no CUDA GPU)")
+
+
+def test_demo_on_the_transformers_engine():
+    pytest.importorskip("transformers", reason="the transformers extra is not installed")
+    proc = subprocess.run([sys.executable, "-m", "kvcanary", "demo", "--engine", "transformers", "--device", "cpu"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = proc.stdout
+    assert proc.returncode == 0, out + proc.stderr
+    assert "violations: 0; tokens identical to the engine without the canary: True" in out
+    from kvcanary.testing.transformers_engine import BUGS
+
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^  (\w+)\s+(yes|NO)\s", out, re.M)}
+    assert rows == dict.fromkeys(BUGS, "yes")
+    assert "OK: the clean run stayed clean and every planted bug was reported as documented." in out

@@ -19,7 +19,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 NOTEBOOKS = ["01_quickstart.ipynb", "02_paged_engine.ipynb", "03_detection_matrix.ipynb",
-             "04_dlpack_interop.ipynb"]
+             "04_dlpack_interop.ipynb", "05_transformers.ipynb"]
+# Notebooks that need an optional extra to run (skipped when it is not installed).
+REQUIRES = {"05_transformers.ipynb": "transformers"}
 
 if str(EXAMPLES) not in sys.path:
     sys.path.insert(0, str(EXAMPLES))
@@ -50,6 +52,8 @@ def _kernel_manager(tmp_path: Path):
 def test_notebook_executes_without_error(name, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat", reason="the test extra (nbformat) is not installed")
     nbclient = pytest.importorskip("nbclient", reason="the test extra (nbclient) is not installed")
+    if name in REQUIRES:
+        pytest.importorskip(REQUIRES[name], reason=f"the {REQUIRES[name]} extra is not installed")
     nb = nbformat.read(EXAMPLES / name, as_version=4)
     # The kernel inherits this environment: find the checkout's kvcanary, and draw figures off-screen.
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
