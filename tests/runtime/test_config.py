@@ -48,3 +48,12 @@ def test_bad_values_name_the_variable(name, value, message):
     with pytest.raises(ValueError) as e:
         CanaryConfig.from_env({name: value})
     assert str(e.value) == message
+
+
+def test_fault_schedule_variables_build_a_schedule():
+    cfg = CanaryConfig.from_env({"KVCANARY_FAULT_PROBS": "remap_req_to_token=0.25", "KVCANARY_FAULT_SEED": "3",
+                                 "KVCANARY_FAULT_TARGET": "swa:v"})
+    s = cfg.fault_schedule
+    assert isinstance(s, kc.FaultSchedule)
+    assert s.probs == {"remap_req_to_token": 0.25} and s.seed == 3 and s.targets == [("swa", "v")]
+    assert CanaryConfig.from_env({}).fault_schedule is None
