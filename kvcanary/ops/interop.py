@@ -233,6 +233,10 @@ def stream_handle(stream: Any, device: Device) -> int:
     if stream is None:
         import torch
 
+        # The raw handle without building a torch.cuda.Stream object (what torch's own compiled code uses).
+        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if get_raw is not None:
+            return int(get_raw(device.index))
         return int(torch.cuda.current_stream(device.index).cuda_stream)
     if hasattr(stream, "__cuda_stream__"):
         proto = stream.__cuda_stream__

@@ -113,10 +113,10 @@ int main(int argc, char** argv) {
         else if (o == "ring") { i64 i = rd_i(), c = rd_i(); std::printf("%d\n", (int)kvc_ring_index_ok(i, c)); }
         else if (o == "max") { i64 a = rd_i(), b = rd_i(); std::printf("%lld\n", kvc_max64(a, b)); }
         else if (o == "min") { i64 a = rd_i(), b = rd_i(); std::printf("%lld\n", kvc_min64(a, b)); }
-        else if (o == "row") {  // row rp prefix extend max_reqs max_seq_len window
-            i64 rp = rd_i(), pre = rd_i(), ext = rd_i(), mr = rd_i(), ms = rd_i(), w = rd_i();
-            bool valid = kvc_plan_row_valid(rp, pre, mr, ms);
-            bool active = kvc_plan_row_active(rp, pre, mr, ms);
+        else if (o == "row") {  // row rp prefix extend max_reqs max_seq_len window pad_row
+            i64 rp = rd_i(), pre = rd_i(), ext = rd_i(), mr = rd_i(), ms = rd_i(), w = rd_i(), pad = rd_i();
+            bool valid = kvc_row_valid(rp, pre, mr, ms, pad);
+            bool active = kvc_row_active(rp, pre, mr, ms, pad);
             i64 vl = kvc_verify_len(active, pre, w);
             i64 wl = kvc_write_len(active, ext);
             std::printf("%d %d %lld %lld %lld %d\n", (int)valid, (int)active, kvc_window_start(pre, w), vl, wl,
@@ -124,7 +124,14 @@ int main(int argc, char** argv) {
         }
         else if (o == "tr") { i64 x = rd_i(), n = rd_i(), v = rd_i(); std::printf("%lld\n", kvc_translate(x, n, v)); }
         else if (o == "eok") { i64 q = rd_i(), v = rd_i(), m = rd_i(); std::printf("%d\n", (int)kvc_expected_token_ok(q, v, m)); }
-        else if (o == "voor") { i64 s = rd_i(), p = rd_i(), n = rd_i(); std::printf("%d\n", (int)kvc_verify_out_of_range(s, p, n)); }
+        else if (o == "voor") {
+            i64 s = rd_i(), p = rd_i(), n = rd_i(), lim = rd_i();
+            std::printf("%d\n", (int)kvc_verify_out_of_range(s, p, n, lim));
+        }
+        else if (o == "dm") { i64 a = rd_i(), b = rd_i(), q, r; kvc_divmod(a, b, q, r); std::printf("%lld %lld\n", q, r); }
+        else if (o == "rtp") { i64 blk = rd_i(), rem = rd_i(), bsz = rd_i(); std::printf("%lld\n", kvc_rt_paged(blk, rem, bsz)); }
+        else if (o == "rst") { i64 s = rd_i(), n = rd_i(); std::printf("%d\n", kvc_record_slot_status(s, n)); }
+        else if (o == "cst") { i64 a = rd_i(), b = rd_i(); std::printf("%d\n", kvc_copy_status((int)a, (int)b)); }
         else if (o == "wbad") { i64 s = rd_i(), e = rd_i(), n = rd_i(); std::printf("%d\n", (int)kvc_write_range_bad(s, e, n)); }
         else { std::fprintf(stderr, "harness: unknown op %s\n", op); return 2; }
     }
@@ -353,7 +360,7 @@ def test_plan_row_helpers_match_reference_plan(harness, window, with_pool):
         req_to_verify_expected_tokens=pool, req_to_verify_expected_tokens_valid_lens=lens,
         kv_token_id_vs_position_offset=offset, invalid_rows_out=invalid_rows)
 
-    out = harness.run([f"row {u(int(r))} {u(int(p))} {u(int(e))} {max_reqs} {max_seq_len} {window}"
+    out = harness.run([f"row {u(int(r))} {u(int(p))} {u(int(e))} {max_reqs} {max_seq_len} {window} 0"
                        for r, p, e in zip(rpi, prefix, extend)])
     rows = np.array([[int(x) for x in line.split()] for line in out], dtype=np.int64)
     valid, _active, wstart, vlen, wlen, has_seed = rows.T
@@ -428,7 +435,7 @@ def test_verify_out_of_range_matches_reference(harness):
     count = int(log.violation_write_index[0])
     ring = log.violation_ring.numpy()[:count]
     oor_entries = set(ring[ring[:, 7] == OOR][:, 2].tolist())
-    got = harness.ints([f"voor {u(int(s))} {u(int(p))} {num_slots}" for s, p in zip(slots, prev)])
+    got = harness.ints([f"voor {u(int(s))} {u(int(p))} {num_slots} {num_slots}" for s, p in zip(slots, prev)])
     # slot 0 entries are skipped before the bounds check, as in the kernels
     want = {e for e in range(n) if slots[e] != 0 and got[e]}
     assert oor_entries == want

@@ -62,6 +62,27 @@ def write_grid(write_req_capacity: int, sms: int) -> Grid:
                 int_define("write.cu", "KVC_WRITE_THREADS"))
 
 
+def verify_table_grid(has_real_kv: bool, sms: int) -> Grid:
+    """Plan-free verify (SPEC §11): this many blocks per SM whatever the batch (every block walks the rows and
+    takes its chunks of the entries)."""
+    threads = int_define("verify_table.cu", "KVC_VT_THREADS")
+    per_sm = int_define("verify_table.cu", "KVC_VT_BLOCKS_PER_SM_REAL_KV" if has_real_kv else "KVC_VT_BLOCKS_PER_SM")
+    return Grid(max(1, per_sm * sms), threads)
+
+
+def write_table_grid(sms: int) -> Grid:
+    """Plan-free write (SPEC §12): this many blocks per SM whatever the batch (short requests go to the grid's
+    warps, long ones to its blocks)."""
+    return Grid(max(1, int_define("write_table.cu", "KVC_WT_BLOCKS_PER_SM") * sms),
+                int_define("write_table.cu", "KVC_WT_THREADS"))
+
+
+def records_grid(n: int, sms: int) -> Grid:
+    """Records gather / scatter / copy (SPEC §13): one entry per thread, a grid-stride loop over ``n``."""
+    threads = int_define("records.cu", "KVC_REC_THREADS")
+    return Grid(_persistent(n, threads, int_define("records.cu", "KVC_REC_BLOCKS_PER_SM"), sms), threads)
+
+
 def scatter_grid(batch_rows: int, sms: int) -> Grid:
     """One block copies one row at a time; blocks stride over the batch rows (scatter is not captured)."""
     return Grid(_persistent(batch_rows, 1, int_define("scatter.cu", "KVC_SCATTER_BLOCKS_PER_SM"), sms),
