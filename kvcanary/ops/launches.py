@@ -127,7 +127,8 @@ class TableViews:
     ``[max_reqs, max_blocks]``, with ``block_size >= 1``) is set; ``block_size`` is 1 for the
     ``req_to_token`` form. ``RT(rp, p)`` is ``req_to_token[rp, p]``, or
     ``block_table[rp, p // block_size] * block_size + p % block_size`` (64-bit; a negative block id gives -1).
-    ``pad_row``: a batch row whose ``req_pool_indices`` equals it is padding (0, SGLang's convention, or -1).
+    ``pad_row``: a batch row whose ``req_pool_indices`` equals it is padding (0, SGLang's convention; -1 for
+    tables without a padding row; validation accepts -1 or any row of the table).
     """
 
     req_to_token: ArrayView | None
@@ -296,6 +297,11 @@ class WriteTableLaunch:
 # Records that move with the KV (SPEC §13)
 
 
+# A record is the first 32 bytes of a slot (int64 token, position, prev_hash, real_kv_hash). A negative slot
+# skips its entry (gather writes a zero record); a slot >= num_slots of its buffer is skipped too and counted in
+# ``out_of_range`` (set, not added; copy counts an entry once). ``slots`` arrays are int64 ``[n]``.
+
+
 @dataclass(frozen=True, kw_only=True)
 class RecordGatherLaunch:
     """``gather_canary_records``: ``records_out[i] = record(slots[i])`` (int64 ``[n, 4]``)."""
@@ -320,7 +326,8 @@ class RecordScatterLaunch:
 
 @dataclass(frozen=True, kw_only=True)
 class RecordCopyLaunch:
-    """``copy_canary_records``: ``dst record(dst_slots[i]) = src record(src_slots[i])``."""
+    """``copy_canary_records``: ``dst record(dst_slots[i]) = src record(src_slots[i])``; ``dst`` is ``src``
+    itself (the same view) when the caller gave no ``dst_canary_buf``."""
 
     device: Device
     src: CanaryBufferView

@@ -18,7 +18,7 @@ def launch_canary_plan_kernels(
     req_pool_indices,
     prefix_lens,
     extend_seq_lens,
-    req_to_token,
+    req_to_token=None,
     swa_window_size: int,
     full_to_swa_index_mapping,
     verify_capacity: int,
@@ -26,24 +26,36 @@ def launch_canary_plan_kernels(
     req_to_verify_expected_tokens_valid_lens,
     kv_token_id_vs_position_offset: int,
     invalid_rows_out=None,
+    block_table=None,
+    block_size: int | None = None,
+    pad_row: int = 0,
     stream=None,
 ) -> None:
-    """Turn a batch's metadata into the verify and write plans (SPEC §5).
+    """Turn a batch's metadata into the verify and write plans (SPEC §5, with the paged tables of §10).
 
     Args (``bs`` = batch rows):
         verify_plan_out: :class:`~kvcanary.VerifyPlan` of capacity ``C`` (written).
         write_plan_out: :class:`~kvcanary.WritePlan` of request capacity ``R >= bs`` (written).
-        req_pool_indices: int64 ``[bs]``; 0 = padding row.
+        req_pool_indices: int64 ``[bs]``; ``pad_row`` = padding row; other values outside ``[0, max_reqs)``
+            are invalid rows (no entries, counted in ``invalid_rows_out``).
         prefix_lens: int64 ``[bs]``, positions already in the cache.
         extend_seq_lens: int64 ``[bs]``, tokens written this step.
-        req_to_token: int32 ``[max_reqs, max_seq_len]``, contiguous.
+        req_to_token: int32 ``[max_reqs, max_seq_len]``, contiguous; or None when ``block_table`` is given
+            (exactly one of the two).
         swa_window_size: int >= 0; 0 = full attention.
         full_to_swa_index_mapping: int64 ``[lut_len]``, required iff ``swa_window_size > 0``.
         verify_capacity: must equal ``C``.
         req_to_verify_expected_tokens: optional int32 ``[>= max_reqs, max_context_len]``.
         req_to_verify_expected_tokens_valid_lens: int64 ``[bs]``, required iff the pool is given.
         kv_token_id_vs_position_offset: added to ``p`` for the expected-token gather (0, or 1 for EAGLE).
-        invalid_rows_out: optional int32 ``[1]``: rows with an out-of-range request index or prefix.
+        invalid_rows_out: optional int32 ``[1]``, set to the number of rows with an out-of-range request
+            index (other than ``pad_row``) or a prefix longer than ``max_seq_len``.
+        block_table: int32 ``[max_reqs, max_blocks]``, contiguous, the paged form of the table (SPEC §10):
+            ``RT(rp, p) = block_table[rp, p // block_size] * block_size + p % block_size`` (64-bit; a
+            negative block id gives -1); ``max_seq_len = max_blocks * block_size``.
+        block_size: int in ``[1, 2**32]``, required with ``block_table``, None with ``req_to_token``.
+        pad_row: the padding row: 0 (SGLang's, default) or -1 (tables without a padding row; row 0 is then an
+            ordinary request); any row of the table is accepted.
         stream: CUDA stream to launch on (default: torch's current stream of the arrays' device).
 
     When the entries exceed ``C``, ``verify_num_valid = C`` and ``enable = 0`` and no entry is written.
@@ -62,6 +74,9 @@ def launch_canary_plan_kernels(
         req_to_verify_expected_tokens_valid_lens=req_to_verify_expected_tokens_valid_lens,
         kv_token_id_vs_position_offset=kv_token_id_vs_position_offset,
         invalid_rows_out=invalid_rows_out,
+        block_table=block_table,
+        block_size=block_size,
+        pad_row=pad_row,
     )
     backend_for(launch.device).plan(launch, stream)
 
@@ -81,7 +96,10 @@ def launch_canary_write_kernel(
     """Stamp the canary records of the tokens written this step (SPEC §6).
 
     Args (``N`` = flattened tokens; request ``r`` owns ``[write_offsets[r], write_offsets[r+1])``):
-        context: :class:`~kvcanary.VerifyOrWriteContext` (canary buffer, tag, log, counters, real KV).
+        context: :class:`~kvcanary.VerifyOrWriteContext` (canary buffer, tag, log, counters, real KV); at most
+            4 real-KV sources (SGLang's limit; a ``ValueError`` containing ``at most 4 RealKvSource``
+            otherwise). A source may cover fewer slots than the canary: a token whose slot it does not cover
+            is reported (``SLOT_OUT_OF_RANGE``) and not stamped when the mode reads real KV.
         plan: the :class:`~kvcanary.WritePlan` filled by the plan op.
         input_ids, positions: int64 ``[N]``.
         out_cache_loc: int64 ``[N]``, canary slot of each token; -1 = skip the token.
@@ -106,7 +124,9 @@ def launch_canary_verify_kernel(*, context, plan, check_verify_expected_token: b
     """Re-check the records a batch is about to attend to (SPEC §7); never writes the canary buffer.
 
     Args:
-        context: :class:`~kvcanary.VerifyOrWriteContext`.
+        context: :class:`~kvcanary.VerifyOrWriteContext`; at most 4 real-KV sources (as for the write). An
+            entry whose slot a source does not cover gets one ``SLOT_OUT_OF_RANGE`` row when the mode reads
+            real KV.
         plan: the :class:`~kvcanary.VerifyPlan` filled by the plan op.
         check_verify_expected_token: compare stored tokens with the plan's expected tokens (-1 = skip).
         stream: CUDA stream (default: torch's current stream).

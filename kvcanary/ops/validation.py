@@ -2,12 +2,21 @@
 
 Each ``validate_*`` function checks dtypes, ranks, lengths, contiguity, devices, capacities, sentinel and
 presence rules *before anything is written*, and returns a frozen launch record of :class:`ArrayView`
-objects and plain ints. Both backends (``kvcanary.ops.reference`` and ``kvcanary.ops.cuda``) take these records,
-so a backend never sees an argument that was not checked.
+objects and plain ints (:mod:`kvcanary.ops.launches`). Both backends (``kvcanary.ops.reference`` and
+``kvcanary.ops.cuda``) take these records, so a backend never sees an argument that was not checked.
+
+Shared validators, one per kind of argument, so every op that takes one checks it the same way:
+:func:`canary_buffer_view` (a canary buffer: contexts and the record ops of SPEC §13), :func:`context_views`
+and :func:`contexts_views` (launch contexts), :func:`table_views` (the table of SPEC §10 in either form, with
+``pad_row``; used by the plan and by the plan-free ops of SPEC §11, §12).
 
 Order of checks: each scalar's own range, then each array's own dtype/rank/contiguity/length, then the
 consistency between arguments, then the device. So a negative ``verify_capacity`` is reported as
 negative, not as a mismatch.
+
+Real-KV sources (SPEC §9, §13): a source may cover fewer slots than the canary buffer (the backends report a
+touched slot it does not cover); the SGLang-named write and verify take at most ``MAX_REAL_KV_SOURCES`` sources
+per context, kvcanary's own ops any number.
 """
 
 from __future__ import annotations
@@ -17,18 +26,24 @@ from typing import Any
 from kvcanary import consts
 from kvcanary.consts import CanaryLaunchTag, RealKvHashMode
 from kvcanary.errors import invalid, wrong_dtype
-from kvcanary.ops.checks import check_bool, check_int, check_non_negative
+from kvcanary.ops.checks import check_bool, check_int, check_non_negative, check_positive
 from kvcanary.ops.interop import ArrayView, Device, common_device, view
 from kvcanary.ops.launches import (
+    CanaryBufferView,
     ContextViews,
     PlanLaunch,
     RealKvSourceView,
+    RecordCopyLaunch,
+    RecordGatherLaunch,
+    RecordScatterLaunch,
     ScatterLaunch,
     TableViews,
     VerifyLaunch,
     VerifyPlanViews,
+    VerifyTableLaunch,
     WriteLaunch,
     WritePlanViews,
+    WriteTableLaunch,
 )
 from kvcanary.ops.structs import RealKvSource, VerifyOrWriteContext, VerifyPlan, WritePlan
 
@@ -116,70 +131,192 @@ def write_plan_views(plan: Any, owner: str = "write_plan_out") -> WritePlanViews
     )
 
 
-def context_views(context: Any) -> ContextViews:
-    if not isinstance(context, VerifyOrWriteContext):
-        raise TypeError(f"kv-canary: context must be a VerifyOrWriteContext, got {type(context).__name__}")
-    tag = check_int("context.kernel_kind", context.kernel_kind)
-    if tag not in set(CanaryLaunchTag):
-        raise invalid(f"context.kernel_kind must be a CanaryLaunchTag (0..11), got {tag}")
-    mode = check_int("context.real_kv_hash_mode", context.real_kv_hash_mode)
-    if mode not in set(RealKvHashMode):
-        raise invalid(f"context.real_kv_hash_mode must be a RealKvHashMode (0, 1 or 2), got {mode}")
-    buf = array("context.canary_buf", context.canary_buf, "uint8", ndim=2)
-    num_slots, stride = buf.shape
+def canary_buffer_view(name: str, buf: Any) -> CanaryBufferView:
+    """A canary buffer: uint8 ``[num_slots, slot_stride_bytes]``, contiguous, ``num_slots >= 1``,
+    ``slot_stride_bytes >= 32`` and a multiple of 8, data pointer 8-byte aligned (SPEC §2)."""
+    v = array(name, buf, "uint8", ndim=2)
+    num_slots, stride = v.shape
     if num_slots <= 0:
-        raise invalid(f"context.canary_buf must have at least one slot, got shape {buf.shape}")
+        raise invalid(f"{name} must have at least one slot, got shape {v.shape}")
     if stride < consts.CANARY_SLOT_BYTES or stride % 8:
-        raise invalid(f"context.canary_buf slot_stride_bytes must be a multiple of 8 and >= 32, got {stride}")
-    if buf.ptr % 8:
-        raise invalid(f"context.canary_buf data pointer must be 8-byte aligned, got {buf.ptr:#x}")
-    ring = array("context.violation_ring", context.violation_ring, "int64", ndim=2)
+        raise invalid(f"{name} slot_stride_bytes must be a multiple of 8 and >= 32, got {stride}")
+    if v.ptr % 8:
+        raise invalid(f"{name} data pointer must be 8-byte aligned, got {v.ptr:#x}")
+    return CanaryBufferView(buf=v, num_slots=num_slots, slot_stride_bytes=stride)
+
+
+def context_views(context: Any, *, name: str = "context", max_sources: int | None = None) -> ContextViews:
+    """Validate one :class:`~kvcanary.VerifyOrWriteContext`; ``name`` prefixes every message.
+
+    ``max_sources``: the most real-KV sources accepted (the SGLang-named ops pass ``MAX_REAL_KV_SOURCES``);
+    ``None`` = any number (SPEC §13). A source may cover fewer slots than the canary buffer (SPEC §9).
+    """
+    if not isinstance(context, VerifyOrWriteContext):
+        raise TypeError(f"kv-canary: {name} must be a VerifyOrWriteContext, got {type(context).__name__}")
+    tag = check_int(f"{name}.kernel_kind", context.kernel_kind)
+    if tag not in set(CanaryLaunchTag):
+        raise invalid(f"{name}.kernel_kind must be a CanaryLaunchTag (0..11), got {tag}")
+    mode = check_int(f"{name}.real_kv_hash_mode", context.real_kv_hash_mode)
+    if mode not in set(RealKvHashMode):
+        raise invalid(f"{name}.real_kv_hash_mode must be a RealKvHashMode (0, 1 or 2), got {mode}")
+    canary = canary_buffer_view(f"{name}.canary_buf", context.canary_buf)
+    ring = array(f"{name}.violation_ring", context.violation_ring, "int64", ndim=2)
     if ring.shape[1] != consts.VIOLATION_FIELDS:
-        raise invalid(f"context.violation_ring must have shape [ring_capacity, 8], got {ring.shape}")
+        raise invalid(f"{name}.violation_ring must have shape [ring_capacity, 8], got {ring.shape}")
     if ring.shape[0] <= 0:
-        raise invalid(f"context.violation_ring ring_capacity must be positive, got {ring.shape[0]}")
+        raise invalid(f"{name}.violation_ring ring_capacity must be positive, got {ring.shape[0]}")
     sources = context.real_kv_sources
     if not isinstance(sources, (tuple, list)):
-        raise TypeError(f"kv-canary: context.real_kv_sources must be a tuple, got {type(sources).__name__}")
-    if len(sources) > consts.MAX_REAL_KV_SOURCES:
-        raise invalid(f"context.real_kv_sources may hold at most {consts.MAX_REAL_KV_SOURCES} sources, "
-                      f"got {len(sources)}")
+        raise TypeError(f"kv-canary: {name}.real_kv_sources must be a tuple, got {type(sources).__name__}")
+    if max_sources is not None and len(sources) > max_sources:
+        # SGLang's callers match on "at most 4 RealKvSource".
+        raise invalid(f"{name}.real_kv_sources may hold at most {max_sources} RealKvSource, got {len(sources)}")
     source_views = []
     for i, src in enumerate(sources):
         if not isinstance(src, RealKvSource):
-            raise TypeError(f"kv-canary: context.real_kv_sources[{i}] must be a RealKvSource, "
+            raise TypeError(f"kv-canary: {name}.real_kv_sources[{i}] must be a RealKvSource, "
                             f"got {type(src).__name__}")
-        if src.num_slots < num_slots:
-            raise invalid(f"context.real_kv_sources[{i}] covers {src.num_slots} slots, fewer than "
-                          f"canary_buf's num_slots={num_slots}")
-        t = view(f"context.real_kv_sources[{i}].tensor", src.tensor)
+        t = view(f"{name}.real_kv_sources[{i}].tensor", src.tensor)
         source_views.append(RealKvSourceView(tensor=t, page_size=src.page_size,
                                              num_bytes_per_token=src.num_bytes_per_token, read_bytes=src.read_bytes,
                                              row_bytes=src.row_bytes, row_stride_bytes=src.row_stride_bytes,
                                              num_rows=t.shape[0]))
     flag = None
     if context.enable_chain_position_assert is not None:
-        flag = array("context.enable_chain_position_assert", context.enable_chain_position_assert, "int32",
+        flag = array(f"{name}.enable_chain_position_assert", context.enable_chain_position_assert, "int32",
                      length=1)
     return ContextViews(
-        canary_buf=buf,
-        num_slots=num_slots,
-        slot_stride_bytes=stride,
+        canary_buf=canary.buf,
+        num_slots=canary.num_slots,
+        slot_stride_bytes=canary.slot_stride_bytes,
         kernel_kind=tag,
         violation_ring=ring,
         ring_capacity=ring.shape[0],
-        violation_write_index=array("context.violation_write_index", context.violation_write_index, "int32",
+        violation_write_index=array(f"{name}.violation_write_index", context.violation_write_index, "int32",
                                     length=1),
-        slot_run_counter=array("context.slot_run_counter", context.slot_run_counter, "int64", length=1),
-        kernel_run_counter=array("context.kernel_run_counter", context.kernel_run_counter, "int64", length=1),
+        slot_run_counter=array(f"{name}.slot_run_counter", context.slot_run_counter, "int64", length=1),
+        kernel_run_counter=array(f"{name}.kernel_run_counter", context.kernel_run_counter, "int64", length=1),
         real_kv_sources=tuple(source_views),
         real_kv_hash_mode=mode,
         chain_position_flag=flag,
     )
 
 
+def contexts_views(contexts: Any) -> tuple[ContextViews, ...]:
+    """The ``contexts`` of a plan-free op (SPEC §11, §12): a non-empty tuple (or list) of
+    :class:`~kvcanary.VerifyOrWriteContext` sharing one slot space (equal ``num_slots``), any number of
+    real-KV sources each."""
+    what = "contexts must be a non-empty tuple of VerifyOrWriteContext"
+    if not isinstance(contexts, (tuple, list)):
+        raise TypeError(f"kv-canary: {what}, got {type(contexts).__name__}")
+    if not contexts:
+        raise invalid(f"{what}, got an empty {type(contexts).__name__}")
+    views = tuple(context_views(c, name=f"contexts[{i}]") for i, c in enumerate(contexts))
+    n0 = views[0].num_slots
+    for i, v in enumerate(views[1:], start=1):
+        if v.num_slots != n0:
+            raise invalid(f"contexts[{i}].canary_buf must have num_slots={n0} like contexts[0], got {v.num_slots}")
+    return views
+
+
+# RT(rp, p) is computed in 64 bits: block ids are int32, so block_size <= 2**32 keeps
+# block_id * block_size + p % block_size inside int64 for every block id.
+MAX_BLOCK_SIZE = 1 << 32
+
+
+def table_views(op: str, *, req_to_token: Any, block_table: Any, block_size: Any, pad_row: Any) -> TableViews:
+    """The per-position table of SPEC §10: exactly one of ``req_to_token`` (int32 ``[max_reqs, max_seq_len]``)
+    and ``block_table`` (int32 ``[max_reqs, max_blocks]`` with ``1 <= block_size <= 2**32``), both contiguous
+    with at least one row and one column; ``block_size`` must be None with ``req_to_token``.
+
+    ``pad_row``: -1 (no padding row) or a row of the table (default 0, SGLang's padding row). Every op that
+    reads a table validates it here.
+    """
+    pad = check_int("pad_row", pad_row)
+    has_r2t, has_bt = req_to_token is not None, block_table is not None
+    if has_r2t == has_bt:
+        raise invalid(f"{op} needs exactly one of req_to_token and block_table, got {'both' if has_r2t else 'neither'}")
+    if has_bt:
+        if block_size is None:
+            raise invalid(f"{op} requires block_size when block_table is given")
+        bsz = check_positive("block_size", block_size)
+        if bsz > MAX_BLOCK_SIZE:
+            raise invalid(f"block_size must be at most 2**32 = {MAX_BLOCK_SIZE}, got {bsz}")
+        bt = array("block_table", block_table, "int32", ndim=2)
+        if bt.shape[0] <= 0:
+            raise invalid(f"block_table must have at least one row, got shape {bt.shape}")
+        if bt.shape[1] <= 0:
+            raise invalid(f"block_table must have at least one block per row, got shape {bt.shape}")
+        table = TableViews(req_to_token=None, block_table=bt, block_size=bsz, pad_row=pad)
+    else:
+        if block_size is not None:
+            raise invalid(f"{op} block_size must be None when req_to_token is given")
+        r2t = array("req_to_token", req_to_token, "int32", ndim=2)
+        if r2t.shape[0] <= 0:
+            raise invalid(f"req_to_token must have at least one row (row 0 is padding), got shape {r2t.shape}")
+        if r2t.shape[1] <= 0:
+            raise invalid(f"req_to_token_stride0 must be positive, got {r2t.shape[1]}")
+        table = TableViews(req_to_token=r2t, block_table=None, block_size=1, pad_row=pad)
+    if not -1 <= pad < table.max_reqs:
+        raise invalid(f"pad_row must be -1 or a row of the table in [0, {table.max_reqs}), got {pad}")
+    return table
+
+
+def _lut(op: str, window: int, full_to_swa_index_mapping: Any) -> ArrayView | None:
+    """SPEC §5: the LUT is required iff ``swa_window_size > 0``."""
+    if window > 0:
+        if full_to_swa_index_mapping is None:
+            raise invalid(f"{op} requires full_to_swa_index_mapping when swa_window_size > 0")
+        lut = array("full_to_swa_index_mapping", full_to_swa_index_mapping, "int64")
+        if lut.shape[0] <= 0:
+            raise invalid("lut_len must be positive when has_swa_lut is True")
+        return lut
+    if full_to_swa_index_mapping is not None:
+        raise invalid(f"{op} full_to_swa_index_mapping must be None when swa_window_size == 0")
+    return None
+
+
+def _expected_tokens_pool(op: str, pool: Any, valid_lens: Any, bs: int,
+                          table: TableViews) -> tuple[ArrayView | None, ArrayView | None]:
+    """SPEC §5: the expected-token pool and its valid lengths, together or not at all."""
+    has_pool, has_lens = pool is not None, valid_lens is not None
+    if has_pool != has_lens:
+        raise invalid(
+            f"{op} requires req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
+            f"together, got only {'req_to_verify_expected_tokens' if has_pool else 'the valid lens'}"
+        )
+    if not has_pool:
+        return None, None
+    p = array("req_to_verify_expected_tokens", pool, "int32", ndim=2)
+    lens = array("req_to_verify_expected_tokens_valid_lens", valid_lens, "int64", length=bs)
+    if p.shape[0] < table.max_reqs:
+        form = "block_table" if table.paged else "req_to_token"
+        raise invalid(f"req_to_verify_expected_tokens must have at least {form}'s "
+                      f"{table.max_reqs} rows, got {p.shape[0]}")
+    return p, lens
+
+
+def _invalid_rows(invalid_rows_out: Any) -> ArrayView | None:
+    return None if invalid_rows_out is None else array("invalid_rows_out", invalid_rows_out, "int32", length=1)
+
+
+def _input_assert(op: str, assert_on: bool, n: int, expected_input_tokens: Any,
+                  expected_input_positions: Any) -> tuple[ArrayView | None, ArrayView | None]:
+    """SPEC §6: the expected input arrays are given iff the input assert is on."""
+    for name, value in (("expected_input_tokens", expected_input_tokens),
+                        ("expected_input_positions", expected_input_positions)):
+        if assert_on and value is None:
+            raise invalid(f"{op} requires {name} when enable_write_input_assert is True")
+        if not assert_on and value is not None:
+            raise invalid(f"{op} {name} must be None when enable_write_input_assert is False")
+    if not assert_on:
+        return None, None
+    return (array("expected_input_tokens", expected_input_tokens, "int64", length=n),
+            array("expected_input_positions", expected_input_positions, "int64", length=n))
+
+
 # ----------------------------------------------------------------------------------------------------------
-# Validators
+# Validators: SGLang-named ops (SPEC §5-§8)
 
 _PLAN = "launch_canary_plan_kernels"
 _WRITE = "launch_canary_write_kernel"
@@ -202,6 +339,9 @@ def validate_plan(
     req_to_verify_expected_tokens_valid_lens: Any,
     kv_token_id_vs_position_offset: Any,
     invalid_rows_out: Any = None,
+    block_table: Any = None,
+    block_size: Any = None,
+    pad_row: Any = consts.REQ_POOL_IDX_PADDING,
 ) -> PlanLaunch:
     c_arg = check_non_negative("verify_capacity", verify_capacity)
     window = check_non_negative("swa_window_size", swa_window_size)
@@ -213,41 +353,12 @@ def validate_plan(
     bs = rpi.shape[0]
     prefix = array("prefix_lens", prefix_lens, "int64", length=bs)
     extend = array("extend_seq_lens", extend_seq_lens, "int64", length=bs)
-    r2t = array("req_to_token", req_to_token, "int32", ndim=2)
-    if r2t.shape[0] <= 0:
-        raise invalid(f"req_to_token must have at least one row (row 0 is padding), got shape {r2t.shape}")
-    if r2t.shape[1] <= 0:
-        raise invalid(f"req_to_token_stride0 must be positive, got {r2t.shape[1]}")
-
-    lut = None
-    if window > 0:
-        if full_to_swa_index_mapping is None:
-            raise invalid(f"{_PLAN} requires full_to_swa_index_mapping when swa_window_size > 0")
-        lut = array("full_to_swa_index_mapping", full_to_swa_index_mapping, "int64")
-        if lut.shape[0] <= 0:
-            raise invalid("lut_len must be positive when has_swa_lut is True")
-    elif full_to_swa_index_mapping is not None:
-        raise invalid(f"{_PLAN} full_to_swa_index_mapping must be None when swa_window_size == 0")
-
-    pool = valid_lens = None
-    has_pool = req_to_verify_expected_tokens is not None
-    has_lens = req_to_verify_expected_tokens_valid_lens is not None
-    if has_pool != has_lens:
-        raise invalid(
-            f"{_PLAN} requires req_to_verify_expected_tokens and req_to_verify_expected_tokens_valid_lens "
-            f"together, got only {'req_to_verify_expected_tokens' if has_pool else 'the valid lens'}"
-        )
-    if has_pool:
-        pool = array("req_to_verify_expected_tokens", req_to_verify_expected_tokens, "int32", ndim=2)
-        valid_lens = array("req_to_verify_expected_tokens_valid_lens", req_to_verify_expected_tokens_valid_lens,
-                           "int64", length=bs)
-        if pool.shape[0] < r2t.shape[0]:
-            raise invalid(f"req_to_verify_expected_tokens must have at least req_to_token's "
-                          f"{r2t.shape[0]} rows, got {pool.shape[0]}")
-
-    invalid_rows = None
-    if invalid_rows_out is not None:
-        invalid_rows = array("invalid_rows_out", invalid_rows_out, "int32", length=1)
+    table = table_views(_PLAN, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
+                        pad_row=pad_row)
+    lut = _lut(_PLAN, window, full_to_swa_index_mapping)
+    pool, valid_lens = _expected_tokens_pool(_PLAN, req_to_verify_expected_tokens,
+                                             req_to_verify_expected_tokens_valid_lens, bs, table)
+    invalid_rows = _invalid_rows(invalid_rows_out)
 
     if c_arg != vplan.capacity:
         raise invalid(f"{_PLAN} verify_capacity={c_arg} does not match "
@@ -255,9 +366,8 @@ def validate_plan(
     if bs > wplan.capacity:
         raise invalid(f"bs={bs} exceeds write_req_capacity={wplan.capacity}")
 
-    device = _same_device(_PLAN, *vplan.all(), *wplan.all(), rpi, prefix, extend, r2t, lut, pool, valid_lens,
-                          invalid_rows)
-    table = TableViews(req_to_token=r2t, block_table=None, block_size=1, pad_row=consts.REQ_POOL_IDX_PADDING)
+    device = _same_device(_PLAN, *vplan.all(), *wplan.all(), rpi, prefix, extend, table.array, lut, pool,
+                          valid_lens, invalid_rows)
     return PlanLaunch(device=device, verify=vplan, write=wplan, req_pool_indices=rpi, prefix_lens=prefix,
                       extend_seq_lens=extend, table=table, swa_window_size=window, lut=lut,
                       expected_tokens_pool=pool, expected_tokens_valid_lens=valid_lens, token_offset=token_offset,
@@ -276,22 +386,13 @@ def validate_write(
     expected_input_positions: Any,
 ) -> WriteLaunch:
     assert_on = check_bool("enable_write_input_assert", enable_write_input_assert)
-    ctx = context_views(context)
+    ctx = context_views(context, max_sources=consts.MAX_REAL_KV_SOURCES)
     wplan = write_plan_views(plan, "plan")
     ids = array("input_ids", input_ids, "int64")
     n = ids.shape[0]
     pos = array("positions", positions, "int64", length=n)
     loc = array("out_cache_loc", out_cache_loc, "int64", length=n)
-    exp_tok = exp_pos = None
-    for name, value in (("expected_input_tokens", expected_input_tokens),
-                        ("expected_input_positions", expected_input_positions)):
-        if assert_on and value is None:
-            raise invalid(f"{_WRITE} requires {name} when enable_write_input_assert is True")
-        if not assert_on and value is not None:
-            raise invalid(f"{_WRITE} {name} must be None when enable_write_input_assert is False")
-    if assert_on:
-        exp_tok = array("expected_input_tokens", expected_input_tokens, "int64", length=n)
-        exp_pos = array("expected_input_positions", expected_input_positions, "int64", length=n)
+    exp_tok, exp_pos = _input_assert(_WRITE, assert_on, n, expected_input_tokens, expected_input_positions)
     device = _same_device(_WRITE, *ctx.all(), *wplan.all(), ids, pos, loc, exp_tok, exp_pos)
     return WriteLaunch(device=device, ctx=ctx, plan=wplan, input_ids=ids, positions=pos, out_cache_loc=loc,
                        expected_input_tokens=exp_tok, expected_input_positions=exp_pos)
@@ -299,7 +400,7 @@ def validate_write(
 
 def validate_verify(*, context: Any, plan: Any, check_verify_expected_token: Any) -> VerifyLaunch:
     check = check_bool("check_verify_expected_token", check_verify_expected_token)
-    ctx = context_views(context)
+    ctx = context_views(context, max_sources=consts.MAX_REAL_KV_SOURCES)
     vplan = verify_plan_views(plan, "plan")
     device = _same_device(_VERIFY, *ctx.all(), *vplan.all())
     return VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check)
@@ -312,3 +413,163 @@ def validate_scatter(*, flat_in: Any, offsets: Any, req_pool_indices: Any, pool_
     pool = array("pool_out", pool_out, "int32", ndim=2)
     device = _same_device(_SCATTER, flat, offs, rpi, pool)
     return ScatterLaunch(device=device, flat_in=flat, offsets=offs, req_pool_indices=rpi, pool_out=pool)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Validators: plan-free ops (SPEC §11, §12)
+
+_VERIFY_TABLE = "launch_canary_verify_from_table"
+_WRITE_TABLE = "launch_canary_write_from_table"
+
+
+def _context_arrays(contexts: tuple[ContextViews, ...]) -> list[ArrayView]:
+    return [a for c in contexts for a in c.all()]
+
+
+def validate_verify_from_table(
+    *,
+    contexts: Any,
+    req_pool_indices: Any,
+    prefix_lens: Any,
+    req_to_token: Any,
+    block_table: Any,
+    block_size: Any,
+    pad_row: Any,
+    swa_window_size: Any,
+    full_to_swa_index_mapping: Any,
+    req_to_verify_expected_tokens: Any,
+    req_to_verify_expected_tokens_valid_lens: Any,
+    kv_token_id_vs_position_offset: Any,
+    check_verify_expected_token: Any,
+    invalid_rows_out: Any,
+) -> VerifyTableLaunch:
+    window = check_non_negative("swa_window_size", swa_window_size)
+    token_offset = check_int("kv_token_id_vs_position_offset", kv_token_id_vs_position_offset)
+    check = check_bool("check_verify_expected_token", check_verify_expected_token)
+
+    ctxs = contexts_views(contexts)
+    rpi = array("req_pool_indices", req_pool_indices, "int64")
+    bs = rpi.shape[0]
+    prefix = array("prefix_lens", prefix_lens, "int64", length=bs)
+    table = table_views(_VERIFY_TABLE, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
+                        pad_row=pad_row)
+    lut = _lut(_VERIFY_TABLE, window, full_to_swa_index_mapping)
+    pool, valid_lens = _expected_tokens_pool(_VERIFY_TABLE, req_to_verify_expected_tokens,
+                                             req_to_verify_expected_tokens_valid_lens, bs, table)
+    invalid_rows = _invalid_rows(invalid_rows_out)
+    device = _same_device(_VERIFY_TABLE, *_context_arrays(ctxs), rpi, prefix, table.array, lut, pool, valid_lens,
+                          invalid_rows)
+    return VerifyTableLaunch(device=device, contexts=ctxs, req_pool_indices=rpi, prefix_lens=prefix, table=table,
+                             swa_window_size=window, lut=lut, expected_tokens_pool=pool,
+                             expected_tokens_valid_lens=valid_lens, token_offset=token_offset,
+                             check_expected_token=check, invalid_rows=invalid_rows)
+
+
+def _bytes_span(c: ContextViews) -> tuple[int, int]:
+    return c.canary_buf.ptr, c.canary_buf.ptr + c.num_slots * c.slot_stride_bytes
+
+
+def validate_write_from_table(
+    *,
+    contexts: Any,
+    req_pool_indices: Any,
+    prefix_lens: Any,
+    extend_seq_lens: Any,
+    req_to_token: Any,
+    block_table: Any,
+    block_size: Any,
+    pad_row: Any,
+    swa_window_size: Any,
+    full_to_swa_index_mapping: Any,
+    input_ids: Any,
+    positions: Any,
+    out_cache_loc: Any,
+    enable_write_input_assert: Any,
+    expected_input_tokens: Any,
+    expected_input_positions: Any,
+    invalid_rows_out: Any,
+) -> WriteTableLaunch:
+    window = check_non_negative("swa_window_size", swa_window_size)
+    assert_on = check_bool("enable_write_input_assert", enable_write_input_assert)
+
+    ctxs = contexts_views(contexts)
+    rpi = array("req_pool_indices", req_pool_indices, "int64")
+    bs = rpi.shape[0]
+    prefix = array("prefix_lens", prefix_lens, "int64", length=bs)
+    extend = array("extend_seq_lens", extend_seq_lens, "int64", length=bs)
+    table = table_views(_WRITE_TABLE, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
+                        pad_row=pad_row)
+    lut = _lut(_WRITE_TABLE, window, full_to_swa_index_mapping)
+    ids = array("input_ids", input_ids, "int64")
+    n = ids.shape[0]
+    pos = array("positions", positions, "int64", length=n)
+    loc = array("out_cache_loc", out_cache_loc, "int64", length=n)
+    exp_tok, exp_pos = _input_assert(_WRITE_TABLE, assert_on, n, expected_input_tokens, expected_input_positions)
+    invalid_rows = _invalid_rows(invalid_rows_out)
+    # Each context stamps its own chains: two contexts writing one buffer would race on the GPU.
+    spans = [_bytes_span(c) for c in ctxs]
+    for i, (a0, a1) in enumerate(spans):
+        for j, (b0, b1) in enumerate(spans[:i]):
+            if a0 < b1 and b0 < a1 and ctxs[i].canary_buf.device == ctxs[j].canary_buf.device:
+                raise invalid(f"{_WRITE_TABLE} contexts[{i}].canary_buf overlaps contexts[{j}].canary_buf; "
+                              f"each context of a write needs its own canary buffer")
+    device = _same_device(_WRITE_TABLE, *_context_arrays(ctxs), rpi, prefix, extend, table.array, lut, ids, pos,
+                          loc, exp_tok, exp_pos, invalid_rows)
+    return WriteTableLaunch(device=device, contexts=ctxs, req_pool_indices=rpi, prefix_lens=prefix,
+                            extend_seq_lens=extend, table=table, lut=lut, input_ids=ids, positions=pos,
+                            out_cache_loc=loc, expected_input_tokens=exp_tok, expected_input_positions=exp_pos,
+                            invalid_rows=invalid_rows)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Validators: records that move with the KV (SPEC §13)
+
+_GATHER = "gather_canary_records"
+_SCATTER_RECORDS = "scatter_canary_records"
+_COPY = "copy_canary_records"
+
+
+def _records(name: str, x: Any, n: int) -> ArrayView:
+    """int64 ``[n, 4]``, contiguous: the first 32 bytes of ``n`` canary records."""
+    v = array(name, x, "int64", ndim=2)
+    if v.shape != (n, consts.CANARY_FIELDS_PER_SLOT):
+        raise invalid(f"{name} must have shape [{n}, {consts.CANARY_FIELDS_PER_SLOT}] (one record per slot), "
+                      f"got {v.shape}")
+    if not v.is_contiguous():
+        raise invalid(f"{name} must be contiguous")
+    return v
+
+
+def _out_of_range(out_of_range_out: Any) -> ArrayView | None:
+    return None if out_of_range_out is None else array("out_of_range_out", out_of_range_out, "int32", length=1)
+
+
+def validate_gather_records(*, canary_buf: Any, slots: Any, records_out: Any,
+                            out_of_range_out: Any) -> RecordGatherLaunch:
+    canary = canary_buffer_view("canary_buf", canary_buf)
+    sl = array("slots", slots, "int64")
+    out = _records("records_out", records_out, sl.shape[0])
+    oor = _out_of_range(out_of_range_out)
+    device = _same_device(_GATHER, canary.buf, sl, out, oor)
+    return RecordGatherLaunch(device=device, canary=canary, slots=sl, records_out=out, out_of_range=oor)
+
+
+def validate_scatter_records(*, canary_buf: Any, slots: Any, records: Any,
+                             out_of_range_out: Any) -> RecordScatterLaunch:
+    canary = canary_buffer_view("canary_buf", canary_buf)
+    sl = array("slots", slots, "int64")
+    recs = _records("records", records, sl.shape[0])
+    oor = _out_of_range(out_of_range_out)
+    device = _same_device(_SCATTER_RECORDS, canary.buf, sl, recs, oor)
+    return RecordScatterLaunch(device=device, canary=canary, slots=sl, records=recs, out_of_range=oor)
+
+
+def validate_copy_records(*, src_canary_buf: Any, src_slots: Any, dst_slots: Any, dst_canary_buf: Any,
+                          out_of_range_out: Any) -> RecordCopyLaunch:
+    src = canary_buffer_view("src_canary_buf", src_canary_buf)
+    dst = src if dst_canary_buf is None else canary_buffer_view("dst_canary_buf", dst_canary_buf)
+    s_sl = array("src_slots", src_slots, "int64")
+    d_sl = array("dst_slots", dst_slots, "int64", length=s_sl.shape[0])
+    oor = _out_of_range(out_of_range_out)
+    device = _same_device(_COPY, src.buf, dst.buf, s_sl, d_sl, oor)
+    return RecordCopyLaunch(device=device, src=src, src_slots=s_sl, dst=dst, dst_slots=d_sl, out_of_range=oor)

@@ -3,6 +3,7 @@ run one public op and the scalar model of ``spec_model`` on the same inputs and 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,6 +47,32 @@ def assert_unchanged(snap: list[bytes], *tensors: torch.Tensor) -> None:
     now = snapshot(*tensors)
     for i, (a, b) in enumerate(zip(snap, now)):
         assert a == b, f"buffer {i} was modified"
+
+
+def tensors_in(obj, out=None) -> list[torch.Tensor]:
+    """Every tensor reachable from an argument (plans, contexts, sources, tuples)."""
+    out = [] if out is None else out
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            tensors_in(getattr(obj, f.name), out)
+    elif isinstance(obj, (tuple, list)):
+        for x in obj:
+            tensors_in(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            tensors_in(x, out)
+    return out
+
+
+def storage_snapshot(tensors) -> dict[int, bytes]:
+    snap = {}
+    for t in tensors:
+        s = t.untyped_storage()
+        if s.data_ptr() not in snap:
+            snap[s.data_ptr()] = torch.empty(0, dtype=torch.uint8).set_(s).numpy().tobytes()
+    return snap
 
 
 def plan_buffers(vp: kc.VerifyPlan, wp: kc.WritePlan) -> list[torch.Tensor]:
@@ -93,7 +120,7 @@ class PoolSource:
     def model(self) -> M.Source:
         return M.Source(memory=self.big.numpy().tobytes(), base=self.col_offset, row_stride=self.big.shape[1],
                         page_size=self.page_size, num_bytes_per_token=self.num_bytes_per_token,
-                        read_bytes=self.read_bytes)
+                        read_bytes=self.read_bytes, rows=self.big.shape[0])
 
 
 # --------------------------------------------------------------------------------------------- canary rig
@@ -143,6 +170,22 @@ class Rig:
         mode = self.mode
         return lambda slot: M.fingerprint(sources, mode, slot)
 
+    def covered(self):
+        sources = [p.model() for p in self.pools]
+        mode = self.mode
+        return lambda slot: M.covers(sources, mode, slot)
+
+    def model_ctx(self) -> M.Ctx:
+        """The model's view of this rig's context (records and log copied)."""
+        return M.Ctx(recs=self.recs(), log=self.model_log(), tag=self.tag,
+                     chain_flag=int(self.flag[0]) if self.flag is not None else None, fp=self.fp(),
+                     covered=self.covered())
+
+    def assert_matches(self, mctx: M.Ctx) -> None:
+        """Every byte of the buffer (bytes past 32 untouched) and of the log equal the model's."""
+        assert self.buf.numpy().tobytes() == self.expected_buf_bytes(mctx.recs)
+        self.assert_log_equals(mctx.log)
+
     def rows(self) -> list[tuple[int, ...]]:
         n = min(int(self.log.violation_write_index[0]), self.log.violation_ring.shape[0])
         return [tuple(r) for r in self.log.violation_ring[:max(n, 0)].tolist()]
@@ -187,7 +230,8 @@ class Rig:
                     seeds=plan.write_seed_slot_indices.tolist(), num_valid_reqs=int(plan.write_num_valid_reqs[0]),
                     ids=ids.tolist(), pos=pos.tolist(), loc=loc.tolist(),
                     exp_tok=exp_tok.tolist() if assert_on else None, exp_pos=exp_pos.tolist() if assert_on else None,
-                    chain_flag=int(self.flag[0]) if self.flag is not None else None, fp=self.fp())
+                    chain_flag=int(self.flag[0]) if self.flag is not None else None, fp=self.fp(),
+                    covered=self.covered())
             want_buf = self.expected_buf_bytes(recs)
         kc.launch_canary_write_kernel(context=self.ctx(**ctx_overrides), plan=plan, input_ids=ids, positions=pos,
                                       out_cache_loc=loc, enable_write_input_assert=assert_on,
@@ -206,7 +250,7 @@ class Rig:
             M.verify(recs=self.recs(), log=mlog, tag=self.tag, slots=plan.verify_slot_indices.tolist(),
                      exp_tok=plan.verify_expected_tokens.tolist(), exp_pos=plan.verify_expected_positions.tolist(),
                      prev=plan.verify_prev_slot_indices.tolist(), num_valid=int(plan.verify_num_valid[0]),
-                     enable=int(plan.enable[0]), check_token=check_token, fp=self.fp())
+                     enable=int(plan.enable[0]), check_token=check_token, fp=self.fp(), covered=self.covered())
         kc.launch_canary_verify_kernel(context=self.ctx(**ctx_overrides), plan=plan,
                                        check_verify_expected_token=check_token)
         assert self.buf.numpy().tobytes() == buf_before, "verify wrote the canary buffer"
@@ -262,11 +306,18 @@ class PlanRun:
     model: M.PlanResult
 
 
-def run_plan(*, rpi, prefix, extend, r2t, window: int = 0, lut=None, pool=None, valid_lens=None, offset: int = 0,
-             capacity: int, req_capacity: int | None = None, check_model: bool = True) -> PlanRun:
-    """Run the plan op on poisoned outputs and compare every output byte with the model."""
+def run_plan(*, rpi, prefix, extend, r2t=None, window: int = 0, lut=None, pool=None, valid_lens=None, offset: int = 0,
+             capacity: int, req_capacity: int | None = None, check_model: bool = True, block_table=None,
+             block_size: int | None = None, pad_row: int = 0) -> PlanRun:
+    """Run the plan op on poisoned outputs and compare every output byte with the model. The table is
+    ``r2t`` or ``block_table`` + ``block_size`` (SPEC §10); ``pad_row`` is passed only when not 0, so the
+    default call is SGLang's."""
     rpi_t, prefix_t, extend_t = t64(rpi), t64(prefix), t64(extend)
-    r2t_t = r2t if isinstance(r2t, torch.Tensor) else t32(r2t)
+    r2t_t = None if r2t is None else (r2t if isinstance(r2t, torch.Tensor) else t32(r2t))
+    bt_t = None if block_table is None else (block_table if isinstance(block_table, torch.Tensor) else t32(block_table))
+    table_kw = dict(req_to_token=r2t_t) if bt_t is None else dict(block_table=bt_t, block_size=block_size)
+    if pad_row != 0:
+        table_kw["pad_row"] = pad_row
     lut_t = None if lut is None else (lut if isinstance(lut, torch.Tensor) else t64(lut))
     pool_t = None if pool is None else (pool if isinstance(pool, torch.Tensor) else t32(pool))
     lens_t = None if valid_lens is None else t64(valid_lens)
@@ -279,10 +330,13 @@ def run_plan(*, rpi, prefix, extend, r2t, window: int = 0, lut=None, pool=None, 
     snap = snapshot(*outs)
     kc.launch_canary_plan_kernels(
         verify_plan_out=vp, write_plan_out=wp, req_pool_indices=rpi_t, prefix_lens=prefix_t, extend_seq_lens=extend_t,
-        req_to_token=r2t_t, swa_window_size=window, full_to_swa_index_mapping=lut_t, verify_capacity=capacity,
+        swa_window_size=window, full_to_swa_index_mapping=lut_t, verify_capacity=capacity,
         req_to_verify_expected_tokens=pool_t, req_to_verify_expected_tokens_valid_lens=lens_t,
-        kv_token_id_vs_position_offset=offset, invalid_rows_out=inv)
-    res = M.plan(rpi=list(rpi), prefix=list(prefix), extend=list(extend), r2t=r2t_t.tolist(), window=window,
+        kv_token_id_vs_position_offset=offset, invalid_rows_out=inv, **table_kw)
+    res = M.plan(rpi=list(rpi), prefix=list(prefix), extend=list(extend),
+                 r2t=None if r2t_t is None else r2t_t.tolist(),
+                 block_table=None if bt_t is None else bt_t.tolist(), block_size=block_size, pad_row=pad_row,
+                 window=window,
                  lut=None if lut_t is None else lut_t.tolist(), pool=None if pool_t is None else pool_t.tolist(),
                  valid_lens=None if lens_t is None else lens_t.tolist(), offset=offset, capacity=capacity,
                  req_capacity=R)

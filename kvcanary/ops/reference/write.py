@@ -1,10 +1,16 @@
 """Write (SPEC §6) on the CPU: serial along each request's chain, requests in order.
 
+:func:`write_requests` is the §6 loop over the requests of one context; :func:`write` runs it on a plan and
+``write_table`` on the write metadata it computes from the table (SPEC §12).
+
 Decisions for the bounds rule (SPEC §9), shared with ``kernels_cu/write.cu``:
 
 * a token whose ``out_cache_loc >= num_slots`` gets the row
   ``(tag, slot, pos, tok, -1, running, -1, SLOT_OUT_OF_RANGE)`` and is skipped like a ``-1`` slot (it does
   not advance the chain, is not counted and is not position-checked);
+* when the launch folds real KV (mode != NONE and at least one source), a token whose slot a source does not
+  cover (``slot // page_size >= num_rows`` for any source) is treated exactly like a token with
+  ``out_cache_loc >= num_slots`` (see :mod:`kvcanary.ops.reference.realkv`);
 * a request whose seed is ``>= num_slots`` gets ``(tag, seed, -1, -1, -1, 0, -1, SLOT_OUT_OF_RANGE)`` and
   none of its tokens are stamped;
 * a request whose token range ``[write_offsets[r], write_offsets[r+1])`` is non-empty and not inside
@@ -18,35 +24,47 @@ import numpy as np
 
 from kvcanary import consts
 from kvcanary.consts import ANCHOR_HASH, FailReason, splitmix64_mix3, to_int64
-from kvcanary.ops.launches import WriteLaunch
+from kvcanary.ops.interop import ArrayView
+from kvcanary.ops.launches import ContextViews, WriteLaunch
 from kvcanary.ops.reference.hashing import records
 from kvcanary.ops.reference.log import add_counter, append_rows
-from kvcanary.ops.reference.realkv import fingerprint
+from kvcanary.ops.reference.realkv import covered_slots, fingerprint
 
 _OOR = int(FailReason.SLOT_OUT_OF_RANGE)
 
 
 def write(launch: WriteLaunch) -> None:
     ctx, plan = launch.ctx, launch.plan
+    add_counter(ctx.kernel_run_counter, 1)
+    n_req = max(0, min(int(plan.num_valid_reqs.host()[0]), plan.capacity))
+    write_requests(ctx, offsets=plan.offsets.host(), seeds=plan.seed_slot_indices.host(), n_req=n_req,
+                   input_ids=launch.input_ids.host(), positions=launch.positions.host(),
+                   out_cache_loc=launch.out_cache_loc.host(),
+                   expected_input_tokens=_host(launch.expected_input_tokens),
+                   expected_input_positions=_host(launch.expected_input_positions))
+
+
+def _host(v: ArrayView | None) -> np.ndarray | None:
+    return v.host() if v is not None else None
+
+
+def write_requests(ctx: ContextViews, *, offsets: np.ndarray, seeds: np.ndarray, n_req: int, input_ids: np.ndarray,
+                   positions: np.ndarray, out_cache_loc: np.ndarray, expected_input_tokens: np.ndarray | None,
+                   expected_input_positions: np.ndarray | None) -> None:
+    """SPEC §6 for requests ``[0, n_req)`` (request ``r``: tokens ``[offsets[r], offsets[r+1])``, seed
+    ``seeds[r]``); adds the stamped slots to ``slot_run_counter`` (``kernel_run_counter`` is the caller's)."""
     tag = ctx.kernel_kind
     num_slots = ctx.num_slots
-    n_tokens = launch.num_tokens
-    add_counter(ctx.kernel_run_counter, 1)
-
-    offsets = plan.offsets.host()
-    seeds = plan.seed_slot_indices.host()
-    n_req = max(0, min(int(plan.num_valid_reqs.host()[0]), plan.capacity))
-    ids = launch.input_ids.host()
-    pos = launch.positions.host()
-    loc = launch.out_cache_loc.host()
-    exp_tok = launch.expected_input_tokens.host() if launch.input_assert else None
-    exp_pos = launch.expected_input_positions.host() if launch.input_assert else None
+    limit = covered_slots(ctx)
+    ids, pos, loc = input_ids, positions, out_cache_loc
+    exp_tok, exp_pos = expected_input_tokens, expected_input_positions
+    n_tokens = len(ids)
     flag = ctx.chain_position_flag
     position_assert = flag is not None and int(flag.host()[0]) != 0
     recs = records(ctx.canary_buf.host())
 
-    # The fingerprint reads real KV only (never the chain), so compute it for every in-range slot first.
-    in_range = (loc >= 0) & (loc < num_slots)
+    # The fingerprint reads real KV only (never the chain), so compute it for every touchable slot first.
+    in_range = (loc >= 0) & (loc < limit)
     rkv = np.zeros(n_tokens, np.uint64)
     rkv[in_range] = fingerprint(ctx.real_kv_sources, ctx.real_kv_hash_mode, loc[in_range])
     rkv = rkv.view(np.int64)
@@ -74,10 +92,10 @@ def write(launch: WriteLaunch) -> None:
             if slot < 0:
                 continue
             tok, p = int(ids[i]), int(pos[i])
-            if slot >= num_slots:
+            if slot >= limit:
                 rows.append((tag, slot, p, tok, -1, to_int64(running), -1, _OOR))
                 continue
-            if exp_tok is not None:
+            if exp_tok is not None and exp_pos is not None:
                 et, ep = int(exp_tok[i]), int(exp_pos[i])
                 bits = (FailReason.WRITE_TOKEN_MISMATCH if tok != et else 0) | (
                     FailReason.WRITE_POSITION_MISMATCH if p != ep else 0)
