@@ -162,12 +162,12 @@ KVC_HD int kvc_record_slot_status(kvc_i64 slot, kvc_i64 num_slots) {
     return slot < 0 ? kvc::kRecordSkip : slot < num_slots ? kvc::kRecordOk : kvc::kRecordOutOfRange;
 }
 
-// Copy: the status of an entry from the statuses of its source and destination slots (a negative slot on
-// either side skips the entry without counting it; otherwise an out-of-range slot on either side counts
-// the entry once).
+// Copy: the status of an entry from the statuses of its source and destination slots: an out-of-range slot on
+// either side counts the entry (once, whatever the other slot is); otherwise a negative slot on either side
+// skips it.
 KVC_HD int kvc_copy_status(int src_status, int dst_status) {
-    if (src_status == kvc::kRecordSkip || dst_status == kvc::kRecordSkip) return kvc::kRecordSkip;
     if (src_status == kvc::kRecordOutOfRange || dst_status == kvc::kRecordOutOfRange) return kvc::kRecordOutOfRange;
+    if (src_status == kvc::kRecordSkip || dst_status == kvc::kRecordSkip) return kvc::kRecordSkip;
     return kvc::kRecordOk;
 }
 

@@ -9,8 +9,8 @@
 //  * kvc_scatter_records: record(dst_slots[i]) = records_in[i];
 //  * kvc_copy_records: record(dst_slots[i]) in dst = record(src_slots[i]) in src (src may be dst).
 // A negative slot skips the entry; a slot >= num_slots skips it too and counts it in out_of_range (the launcher
-// zeroes it first; one atomicAdd per warp). For copy, a negative slot on either side skips the entry without
-// counting it, else an out-of-range slot on either side counts it once (kvc_copy_status). Duplicate destination
+// zeroes it first; one atomicAdd per warp). For copy, an out-of-range slot on either side counts the entry once
+// (whatever the other slot is), else a negative slot on either side skips it (kvc_copy_status). Duplicate destination
 // slots, or a copy whose source and destination slots overlap in one buffer, race (unspecified result; the
 // reference applies entries in order). Nothing here is ordered between entries, so the reads of a copy use
 // plain loads (the buffer may be written by the same launch), the gather the read-only path.

@@ -48,6 +48,14 @@ namespace kvc {
 constexpr int kWtRows = KVC_WT_ROW_ITEMS * KVC_WT_THREADS;  // rows per tile
 }  // namespace kvc
 
+// The fingerprint of a covered slot from a descriptor table of n >= 1 sources. Not inlined: the write reaches it
+// from both request paths and every context, and a token's fingerprint is off the chain's critical path.
+__device__ __noinline__ kvc_u64 kvc_write_fingerprint(const kvc_i64* desc, kvc_i64 n, kvc_i64 slot) {
+    kvc_u64 w0, w1;
+    kvc_load16(kvc_source_bytes(desc, slot), w0, w1);
+    return kvc_fingerprint_table<kvc::kFoldLoadsInFlight>(desc, n, slot, w0, w1);
+}
+
 // The contexts of a plan-free write launch.
 struct KvcWriteTableContexts {
     static constexpr bool kRealKv = KVC_HAS_REAL_KV != 0;
@@ -56,10 +64,7 @@ struct KvcWriteTableContexts {
     __device__ __forceinline__ const KvcContextParams& ctx(int c) const { return p.ctx[c]; }
     __device__ __forceinline__ kvc_u64 fingerprint(int c, kvc_i64 slot) const {
         const KvcContextParams& x = p.ctx[c];
-        if (x.num_sources <= 0) return 0;
-        kvc_u64 w0, w1;
-        kvc_load16(kvc_source_bytes(x.sources, slot), w0, w1);
-        return kvc_fingerprint_table<kvc::kFoldLoadsInFlight>(x.sources, x.num_sources, slot, w0, w1);
+        return x.num_sources > 0 ? kvc_write_fingerprint(x.sources, x.num_sources, slot) : 0;
     }
 };
 
