@@ -38,7 +38,7 @@ bytes as the two-pass write; then restores the buffer. Only then does it time ea
 * host: the median CPU time of one call of the public op (validation, packing, launch) over ``--host-calls``
   back-to-back calls with a reused context (and plan).
 
-Bytes per unit ("B/unit"): for the SGLang-named ops the nominal bytes of the issue's model: plan 36 B per verify
+Bytes per unit ("B/unit"): for the SGLang-named ops nominal bytes: plan 36 B per verify
 entry (four int64 fields written, one int32 ``req_to_token`` read), verify 88 B per entry (four plan fields, the
 slot's 32-byte record, 24 bytes of the predecessor's), write 56 B per token (three int64 inputs, one 32-byte
 record), scatter 12 B per token (int64 in, int32 out), PARTIAL's real-KV bytes not counted; for the plan-free

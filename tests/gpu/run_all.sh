@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one script to run on the GPU machine (issue 3): from the repository root,
+# The one script to run on the GPU machine: from the repository root,
 #
 #     OUT=/some/dir bash tests/gpu/run_all.sh          # OUT defaults to ./gpu_run_out
 #
@@ -24,7 +24,7 @@
 # T_RACECHECK / T_BENCH (timeouts in seconds, default 300 / 200 / 150 / 150; a run takes far less),
 # SANITIZER_K (a pytest -k expression narrowing the memcheck pass), SANITIZER_SMALL (default 1: the value of
 # KVCANARY_GPU_SMALL under the sanitizers; 0 = full sizes), BENCH_ARGS (extra bench arguments).
-# Seen on one H200 (2026-12-02): the four parts took about 40 + 10 + 10 + 11 s.
+# Seen on one H200 (2026-12-02, before the plan-free kernels): the four parts took about 40 + 10 + 10 + 11 s.
 set -u -o pipefail
 cd "$(dirname "$0")/../.."
 

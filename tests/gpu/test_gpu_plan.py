@@ -1,6 +1,6 @@
 """Plan (SPEC §5) on the GPU vs the CPU reference, byte for byte, on fresh random batches.
 
-Covers every batch size of issue 3 (1, 31, 32, 33, 1024, 4096, 4097, 20000 rows, each in one launch),
+Covers the batch sizes 1, 31, 32, 33, 1024, 4096, 4097 and 20000 rows (each in one launch),
 every specialization (LUT, expected-token pool), capacity edges (exact fit, overflow), the bounds rule
 (out-of-range pool indices, prefixes past the row, LUT misses) and a plan of more than 4,000,000 entries.
 """

@@ -81,14 +81,13 @@ def resolve_stream(stream: Any, device: Device) -> _RawStream:
 def launch(fn: Any, grid: int, block: int, words: Sequence[int], device_index: int, stream: _RawStream) -> None:
     """Launch ``fn`` (a ``cupy.cuda.function.Function`` loaded on ``device_index``) with one by-value struct
     argument of ``words``, on ``stream``, on ``device_index`` whatever the current device is."""
-    keep, arg = P.kernel_arg(words)
+    arg = P.kernel_arg(words)
     cp = import_cupy()
     if cp.cuda.runtime.getDevice() == device_index:
         fn((grid,), (block,), (arg,), 0, stream)
     else:
         with cp.cuda.Device(device_index):
             fn((grid,), (block,), (arg,), 0, stream)
-    del keep  # CUDA copied the parameter bytes when the launch was enqueued
 
 
 def memset32_zero(p: int, device_index: int, stream: _RawStream) -> None:

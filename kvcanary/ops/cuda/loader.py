@@ -60,10 +60,25 @@ def function(device_index: int, family: str, name: str, *flags: bool) -> Any:
     if fn is None:
         spec = spec_for(family, **dict(zip(family_flags(family), flags)))
         k = kernel(spec, name, device_index)
-        with import_cupy().cuda.Device(device_index):
-            fn = k.kernel
+        cp = import_cupy()
+        with cp.cuda.Device(device_index):
+            fn = getattr(k, "kernel", None)  # the cupy.cuda.function.Function of this device
+        if fn is None:  # pragma: no cover - a CuPy without RawKernel.kernel: launch through the RawKernel
+            fn = _RawKernelCall(k)
         _functions[key] = fn
     return fn
+
+
+class _RawKernelCall:
+    """``Function.__call__``'s signature over a ``cupy.RawKernel`` (on the stream given as an object with ``ptr``)."""
+
+    def __init__(self, k: Any) -> None:
+        self.k = k
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
+        cp = import_cupy()
+        with cp.cuda.ExternalStream(stream.ptr):
+            self.k(grid, block, args, shared_mem=shared_mem)
 
 
 def _device_index(device: Any) -> int:

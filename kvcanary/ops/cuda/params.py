@@ -169,36 +169,10 @@ ALL_STRUCTS: tuple[Struct, ...] = (REAL_KV4, CONTEXT, TABLE, BATCH, TOKENS, PLAN
 # ----------------------------------------------------------------------------------------------------------
 # Kernel arguments
 
-_cpointer: Any = None
-
-
-def _cpointer_class() -> Any:
-    """CuPy's ``cupy.cuda.function.CPointer`` (an address CuPy hands cuLaunchKernel as is), or ``False`` where
-    it cannot be constructed from Python."""
-    global _cpointer
-    if _cpointer is None:
-        try:
-            from cupy.cuda.function import CPointer
-
-            CPointer(0)
-            _cpointer = CPointer
-        except Exception:  # pragma: no cover - depends on the CuPy build
-            _cpointer = False
-    return _cpointer
-
-
-def kernel_arg(words: Sequence[int]) -> tuple[Any, Any]:
-    """``(keep_alive, arg)``: ``arg`` is what to put in CuPy's argument tuple for a by-value struct of ``words``;
-    ``keep_alive`` owns the bytes and must live until the launch call returns (CUDA copies kernel parameters
-    when the launch is enqueued).
-
-    The struct's bytes live in an ``array.array``; CuPy gets their address as a ``CPointer`` (no per-launch
-    NumPy object, whose ``__array_interface__`` CuPy would otherwise build), or, where ``CPointer`` cannot be
-    made from Python, as a size-one NumPy array of raw bytes, which CuPy also passes by value.
-    """
+def kernel_arg(words: Sequence[int]) -> np.ndarray:
+    """The argument CuPy passes by value for a struct of ``words``: a size-one NumPy array of the struct's raw
+    bytes (CuPy hands cuLaunchKernel the array's data pointer with a size-one array, its documented way of passing
+    a user struct; CUDA copies the bytes when the launch is enqueued). A raw-bytes dtype keeps CuPy's
+    ``__array_interface__`` cheap (a structured dtype would make CuPy describe every field)."""
     buf = array.array("q", words)
-    cls = _cpointer_class()
-    if cls:
-        return buf, cls(buf.buffer_info()[0])
-    raw = np.frombuffer(buf, dtype=np.dtype((np.void, len(buf) * WORD_BYTES)))
-    return buf, raw
+    return np.frombuffer(buf, dtype=np.dtype((np.void, len(buf) * WORD_BYTES)))
