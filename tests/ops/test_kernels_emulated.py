@@ -97,7 +97,7 @@ def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mod
     for paged in (True, False):
         ref, got = _run(emu, kc.launch_canary_verify_from_table,
                         lambda s, paged=paged: dict(contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
-                                                    **s[0].verify_kwargs(paged)), (b, cases, inv))
+                                                    **s[0].verify_kwargs(paged, check_token=paged)), (b, cases, inv))
         assert _compare(ref[1], got[1]) > 0
         assert_same_bytes(ref[2], got[2], "invalid_rows_out")
     assert {name for name, _, _ in emu.launched} == {"kvc_verify_from_table"}
@@ -154,14 +154,15 @@ def test_write_table_emulated_many_rows(emu):
 # ------------------------------------------------------------------------------- the SGLang-named ops
 
 
-@pytest.mark.parametrize("paged, mode, max_extend", [(True, Mode.PARTIAL, 40), (False, Mode.NONE, 300)])
-def test_plan_verify_write_emulated(emu, paged, mode, max_extend):
+@pytest.mark.parametrize("paged, mode, max_extend, n_sources, stride", [
+    (True, Mode.PARTIAL, 40, 2, 32), (False, Mode.NONE, 300, 2, 48), (True, Mode.ALL, 60, 4, 40)])
+def test_plan_verify_write_emulated(emu, paged, mode, max_extend, n_sources, stride):
     """plan (block table or req_to_token), verify and write of the SGLang-named ops, sources covering fewer
     slots than the canary, requests on both the warp and the block path of the write."""
     rng = rng_for("emu-sglang", paged, int(mode))
     b = make_table_batch(rng, block_size=4, max_blocks=(max_extend + 64) // 4, n_active=6, max_reqs=10,
                          max_extend=max_extend, window=5 if paged else 0)
-    case = make_canary_case(rng, b.num_slots, n_sources=2, mode=mode, page_size=2,
+    case = make_canary_case(rng, b.num_slots, n_sources=n_sources, mode=mode, page_size=2, stride=stride,
                             source_rows=b.num_slots // 3, ring_capacity=_ring(b))
     stamp_batch(rng, case, b, corrupt=0.2)
     tokens = make_write_tokens(rng, b, assert_on=True)
