@@ -127,12 +127,14 @@ def test_pack_matches_dtype(struct):
 def test_pack_rejects_missing_unknown_and_short_fields():
     kw, _ = _values(params.VERIFY_TABLE, np.random.default_rng(1))
     params.VERIFY_TABLE.pack(**kw)
-    with pytest.raises(TypeError, match="missing \\['num_contexts'\\]"):
+    with pytest.raises(TypeError, match="num_contexts"):
         params.VERIFY_TABLE.pack(**{k: v for k, v in kw.items() if k != "num_contexts"})
-    with pytest.raises(TypeError, match="unknown \\['bogus'\\]"):
+    with pytest.raises(TypeError, match="bogus"):
         params.VERIFY_TABLE.pack(**kw, bogus=1)
-    with pytest.raises(ValueError, match="needs 52 words, got 51"):
+    with pytest.raises(ValueError, match="ctx needs 52 words, got 51"):
         params.VERIFY_TABLE.pack(**{**kw, "ctx": kw["ctx"][:-1]})
+    with pytest.raises(TypeError):
+        params.CONTEXT.pack(*range(params.CONTEXT.words))  # keyword-only: no positional binding
 
 
 def test_kernel_arg_bytes():

@@ -13,8 +13,7 @@ Importing this module imports neither CuPy nor torch.
 
 from __future__ import annotations
 
-import array
-import operator
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -47,16 +46,27 @@ class Field:
 
 
 class Struct:
-    """A C struct of 8-byte fields: ``name`` is the C type name, ``fields`` the members in declaration order."""
+    """A C struct of 8-byte fields: ``name`` is the C type name, ``fields`` the members in declaration order.
+
+    :meth:`pack` is generated from the field list (a function whose keyword-only parameters are the fields, in
+    order, returning the flattened words), so binding values to fields costs one Python call and a wrong, missing
+    or extra name is a ``TypeError``.
+    """
 
     def __init__(self, name: str, fields: Sequence[Field]):
         self.name = name
         self.fields = tuple(fields)
         self.names = tuple(f.name for f in self.fields)
         self.words = sum(f.words for f in self.fields)
-        self._get = operator.itemgetter(*self.names)
-        # (is a scalar, expected length of a sequence value) per field, for pack()
-        self._shape = tuple((isinstance(f.kind, str) and f.count == 1, f.words) for f in self.fields)
+        parts = [f.name if isinstance(f.kind, str) and f.count == 1 else f"*{f.name}" for f in self.fields]
+        checks = "".join(
+            f"    if len({f.name}) != {f.words}: raise ValueError('kv-canary: {name}.{f.name} needs {f.words} words, "
+            f"got ' + str(len({f.name})))\n"
+            for f in self.fields if not (isinstance(f.kind, str) and f.count == 1))
+        src = (f"def pack(*, {', '.join(self.names)}):\n{checks}    return [{', '.join(parts)}]\n")
+        ns: dict[str, Any] = {}
+        exec(compile(src, f"<kvcanary params {name}>", "exec"), ns)
+        self.pack = ns["pack"]
 
     @property
     def nbytes(self) -> int:
@@ -70,23 +80,6 @@ class Struct:
             base = np.dtype(np.int64 if f.kind == I64 else np.uint64) if isinstance(f.kind, str) else f.kind.dtype
             spec.append((f.name, base, (f.count,)) if f.count > 1 else (f.name, base))
         return np.dtype(spec, align=True)
-
-    def pack(self, **values: Any) -> list[int]:
-        """The struct's words in field order. Every field must be given (a missing one raises ``KeyError``): an
-        int for a scalar field, a sequence of ints of the field's word count for a nested struct or an array."""
-        if len(values) != len(self.names):
-            extra = sorted(set(values) - set(self.names))
-            missing = sorted(set(self.names) - set(values))
-            raise TypeError(f"kv-canary: {self.name} fields: missing {missing}, unknown {extra}")
-        out: list[int] = []
-        for v, (scalar, n) in zip(self._get(values), self._shape):
-            if scalar:
-                out.append(v)
-            else:
-                if len(v) != n:
-                    raise ValueError(f"kv-canary: a field of {self.name} needs {n} words, got {len(v)}")
-                out.extend(v)
-        return out
 
     def zeros(self) -> list[int]:
         return [0] * self.words
@@ -169,10 +162,16 @@ ALL_STRUCTS: tuple[Struct, ...] = (REAL_KV4, CONTEXT, TABLE, BATCH, TOKENS, PLAN
 # ----------------------------------------------------------------------------------------------------------
 # Kernel arguments
 
+_formats: dict[int, tuple[struct.Struct, np.dtype]] = {}
+
+
 def kernel_arg(words: Sequence[int]) -> np.ndarray:
     """The argument CuPy passes by value for a struct of ``words``: a size-one NumPy array of the struct's raw
     bytes (CuPy hands cuLaunchKernel the array's data pointer with a size-one array, its documented way of passing
     a user struct; CUDA copies the bytes when the launch is enqueued). A raw-bytes dtype keeps CuPy's
     ``__array_interface__`` cheap (a structured dtype would make CuPy describe every field)."""
-    buf = array.array("q", words)
-    return np.frombuffer(buf, dtype=np.dtype((np.void, len(buf) * WORD_BYTES)))
+    n = len(words)
+    f = _formats.get(n)
+    if f is None:
+        f = _formats[n] = (struct.Struct(f"<{n}q"), np.dtype((np.void, n * WORD_BYTES)))
+    return np.frombuffer(f[0].pack(*words), dtype=f[1])
