@@ -32,14 +32,10 @@ from typing import Any
 import numpy as np
 
 from kvcanary.consts import REAL_KV_LOAD_BYTES, RealKvHashMode
-from kvcanary.errors import invalid
+from kvcanary.errors import RealKvSourcesNotPreparedError, invalid
 from kvcanary.ops.cuda import params as P
 from kvcanary.ops.interop import ArrayView, Device, import_cupy, stream_handle
 from kvcanary.ops.launches import ContextViews, RealKvSourceView, TableViews
-
-
-class RealKvSourcesNotPreparedError(RuntimeError):
-    """A plan-free launch inside a CUDA-graph capture needs a real-KV descriptor table that does not exist yet."""
 
 
 def ptr(v: ArrayView | None) -> int:
