@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from kvcanary.ops.cuda import launch as _launch
 from kvcanary.errors import RealKvSourcesNotPreparedError
+from kvcanary.ops.cuda import launch as _launch
 from kvcanary.ops.cuda.loader import _device_index, warmup
 from kvcanary.ops.cuda.plan import plan
 from kvcanary.ops.cuda.records import copy_records, gather_records, scatter_records
