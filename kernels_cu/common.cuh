@@ -175,7 +175,9 @@ KVC_HD int kvc_copy_status(int src_status, int dst_status) {
 // Device-only helpers.
 #ifdef __CUDACC__
 
-#define KVC_FULL_MASK 0xffffffffu
+namespace kvc {
+constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp
+}  // namespace kvc
 
 // A canary record is 4 int64 at slot * stride; stride is a multiple of 8 and the buffer 8-byte aligned.
 __device__ __forceinline__ kvc_i64* kvc_record(unsigned char* canary, kvc_i64 slot, kvc_i64 stride) {
@@ -328,13 +330,13 @@ __device__ __forceinline__ void kvc_append_row_warp(const KvcLog& log, bool want
                                                     kvc_i64 position, kvc_i64 stored_token,
                                                     kvc_i64 expected_token, kvc_i64 stored_chain_hash,
                                                     kvc_i64 expected_aux, kvc_i64 fail_bits) {
-    const unsigned int ballot = __ballot_sync(KVC_FULL_MASK, want);
+    const unsigned int ballot = __ballot_sync(kvc::kFullMask, want);
     if (ballot == 0) return;
     const int lane = (int)(threadIdx.x & 31);
     const int leader = __ffs(ballot) - 1;
     int base = 0;
     if (lane == leader) base = atomicAdd(log.write_index, __popc(ballot));
-    base = __shfl_sync(KVC_FULL_MASK, base, leader);
+    base = __shfl_sync(kvc::kFullMask, base, leader);
     if (want) {
         const kvc_i64 i = (kvc_i64)base + __popc(ballot & ((1u << lane) - 1u));
         kvc_write_row(log, i, slot, position, stored_token, expected_token, stored_chain_hash, expected_aux,
@@ -351,7 +353,7 @@ __device__ __forceinline__ kvc_i64 kvc_warp_inclusive_sum(kvc_i64 v) {
     const int lane = (int)(threadIdx.x & 31);
 #pragma unroll
     for (int d = 1; d < kvc::kWarpSize; d <<= 1) {
-        const kvc_i64 n = __shfl_up_sync(KVC_FULL_MASK, v, d);
+        const kvc_i64 n = __shfl_up_sync(kvc::kFullMask, v, d);
         if (lane >= d) v += n;
     }
     return v;

@@ -17,7 +17,7 @@
 //     write_seed_slot_indices[0..bs], zeroes write_offsets[bs+1..R], write_num_valid_reqs = bs, and the
 //     invalid-row count (only if invalid_rows is given).
 // Any bs up to the write-request capacity runs in one launch each: the single-block scans loop over
-// tiles of KVC_SCAN_THREADS * KVC_SCAN_ITEMS rows with a running carry.
+// tiles of KVC_SCAN_THREADS * kvc::kScanItems rows with a running carry.
 //
 // Bounds (SPEC §9), as the reference: T(x) for x >= lut_len is -2; a row whose req_pool_indices is outside
 // [0, max_reqs) and not pad_row, or whose prefix_lens > max_seq_len, has no entries, no write entries and
@@ -34,31 +34,34 @@
 
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines).
 #define KVC_SCAN_THREADS 1024
-#define KVC_SCAN_ITEMS 4
 #define KVC_ENTRY_THREADS 256
 #define KVC_ENTRY_BLOCKS_PER_SM 8
 
+namespace kvc {
+constexpr int kScanItems = 4;  // rows per thread per tile of the single-block scans
+}  // namespace kvc
+
 // Exclusive prefix sums of len_of(r) over rows [0, bs) into out[0..bs) by one block, in tiles of
-// blockDim.x * KVC_SCAN_ITEMS rows with a running carry, so any bs runs in one launch. len_of is called
+// blockDim.x * kvc::kScanItems rows with a running carry, so any bs runs in one launch. len_of is called
 // once per row (it may record per-row outputs). Returns the total, in every thread.
 template <class LenOf>
 __device__ __forceinline__ kvc_i64 kvc_block_row_offsets(kvc_i64 bs, kvc_i64* scratch, kvc_i64* __restrict__ out,
                                                          LenOf len_of) {
-    const kvc_i64 tile = (kvc_i64)blockDim.x * KVC_SCAN_ITEMS;
+    const kvc_i64 tile = (kvc_i64)blockDim.x * kvc::kScanItems;
     kvc_i64 carry = 0;
     for (kvc_i64 base = 0; base < bs; base += tile) {
-        const kvc_i64 first = base + (kvc_i64)threadIdx.x * KVC_SCAN_ITEMS;
-        kvc_i64 len[KVC_SCAN_ITEMS];
+        const kvc_i64 first = base + (kvc_i64)threadIdx.x * kvc::kScanItems;
+        kvc_i64 len[kvc::kScanItems];
         kvc_i64 sum = 0;
 #pragma unroll
-        for (int j = 0; j < KVC_SCAN_ITEMS; ++j) {
+        for (int j = 0; j < kvc::kScanItems; ++j) {
             len[j] = first + j < bs ? len_of(first + j) : 0;
             sum += len[j];
         }
         kvc_i64 tile_total;
         kvc_i64 run = carry + kvc_block_exclusive_sum(sum, scratch, tile_total);
 #pragma unroll
-        for (int j = 0; j < KVC_SCAN_ITEMS; ++j) {
+        for (int j = 0; j < kvc::kScanItems; ++j) {
             if (first + j < bs) out[first + j] = run;
             run += len[j];
         }

@@ -42,7 +42,7 @@ __device__ __forceinline__ bool kvc_aligned16(const void* a, kvc_i64 stride_a, c
 
 // out_of_range += the entries of the warp that want it (every lane calls it).
 __device__ __forceinline__ void kvc_count_out_of_range(int* out_of_range, bool oor) {
-    const unsigned int ballot = __ballot_sync(KVC_FULL_MASK, oor);
+    const unsigned int ballot = __ballot_sync(kvc::kFullMask, oor);
     if (out_of_range != nullptr && ballot != 0 && (threadIdx.x & 31) == 0) atomicAdd(out_of_range, __popc(ballot));
 }
 

@@ -33,12 +33,11 @@
 // as this many blocks per SM (capped by the capacity).
 #define KVC_VERIFY_BLOCKS_PER_SM 4
 #define KVC_VERIFY_BLOCKS_PER_SM_REAL_KV 3
-#if KVC_HAS_REAL_KV
-#define KVC_VERIFY_MIN_BLOCKS KVC_VERIFY_BLOCKS_PER_SM_REAL_KV
-#else
-#define KVC_VERIFY_MIN_BLOCKS KVC_VERIFY_BLOCKS_PER_SM
-#endif
 #define KVC_VERIFY_UNROLL 2
+
+namespace kvc {
+constexpr int kVerifyMinBlocks = KVC_HAS_REAL_KV ? KVC_VERIFY_BLOCKS_PER_SM_REAL_KV : KVC_VERIFY_BLOCKS_PER_SM;
+}  // namespace kvc
 
 // Fields 0..2 of the predecessor's record (all slot_hash needs).
 __device__ __forceinline__ void kvc_load_chain_fields(const unsigned char* canary, kvc_i64 slot, kvc_i64 stride,
@@ -56,7 +55,7 @@ __device__ __forceinline__ void kvc_load_chain_fields(const unsigned char* canar
     prev_hash = __ldg(rec + kvc::FIELD_PREV_HASH);
 }
 
-extern "C" __global__ void __launch_bounds__(KVC_VERIFY_THREADS, KVC_VERIFY_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(KVC_VERIFY_THREADS, kvc::kVerifyMinBlocks)
 kvc_verify(const __grid_constant__ KvcVerifyParams p) {
     const KvcContextParams& c = p.ctx;
     const KvcLog log = kvc_log_of(c);

@@ -7,7 +7,7 @@
 // kvc::kMaxContexts contexts that share the table (K and V of a group: the table is walked once for all).
 //
 // Work distribution (no plan, no scratch, a grid fixed by the SM count). The entries of the batch are numbered
-// request by request, position by position, as §5 lays them out, and cut into chunks of KVC_VT_UNROLL *
+// request by request, position by position, as §5 lays them out, and cut into chunks of kvc::kVtUnroll *
 // KVC_VT_THREADS entries; block b takes chunks b, b + G, b + 2G, ... Every block walks the rows in tiles of
 // KVC_VT_THREADS rows (one per thread: pool index, prefix; a block-wide exclusive sum of the rows' entry counts
 // gives the tile's offsets in shared memory), and processes the part of each of its chunks that falls in the
@@ -24,7 +24,7 @@
 // 16 bytes are loaded together with the record, so both latencies overlap). With several contexts the row
 // mapping, table, LUT and pool reads are done once; each context adds its record (and KV) reads.
 //
-// Per step a thread keeps KVC_VT_UNROLL entries: all table loads, then per context all record loads, then the
+// Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
 // hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
 // (one atomicAdd per warp, step and context). Block 0, which walks every row, adds the counters at the end
 // (kernel_run_counter += 1, slot_run_counter += the number of entries, per context) and sets invalid_rows.
@@ -50,28 +50,25 @@
 #define KVC_VT_THREADS 256
 #define KVC_VT_BLOCKS_PER_SM 4
 #define KVC_VT_BLOCKS_PER_SM_REAL_KV 2
-#if KVC_HAS_REAL_KV
-#define KVC_VT_MIN_BLOCKS KVC_VT_BLOCKS_PER_SM_REAL_KV
-#else
-#define KVC_VT_MIN_BLOCKS KVC_VT_BLOCKS_PER_SM
-#endif
-#define KVC_VT_UNROLL 2
-// Loads in flight per real-KV fold batch (ALL mode).
-#define KVC_VT_FOLD_LOADS 2
 
 namespace kvc {
+constexpr int kVtMinBlocks = KVC_HAS_REAL_KV ? KVC_VT_BLOCKS_PER_SM_REAL_KV : KVC_VT_BLOCKS_PER_SM;
+constexpr int kVtUnroll = 2;     // entries per thread per step
+#if KVC_HAS_REAL_KV
+constexpr int kVtFoldLoads = 2;  // loads in flight per real-KV fold batch (ALL mode)
+#endif
 constexpr int kVtTile = KVC_VT_THREADS;                         // rows per tile: one per thread
-constexpr kvc_i64 kVtChunk = (kvc_i64)KVC_VT_UNROLL * KVC_VT_THREADS;  // entries per chunk: one block step
+constexpr kvc_i64 kVtChunk = (kvc_i64)kVtUnroll * KVC_VT_THREADS;  // entries per chunk: one block step
 }  // namespace kvc
 
 // The shared (context-independent) part of a step's entries.
 struct KvcVtEntries {
-    kvc_i64 slot[KVC_VT_UNROLL];
-    kvc_i64 prev[KVC_VT_UNROLL];
-    kvc_i64 pos[KVC_VT_UNROLL];
-    kvc_i64 exp_tok[KVC_VT_UNROLL];  // -1: unchecked
-    bool act[KVC_VT_UNROLL];         // a real entry (else a padding lane: slot 0, skipped)
-    bool nb[KVC_VT_UNROLL];          // the predecessor is lane - 1's entry
+    kvc_i64 slot[kvc::kVtUnroll];
+    kvc_i64 prev[kvc::kVtUnroll];
+    kvc_i64 pos[kvc::kVtUnroll];
+    kvc_i64 exp_tok[kvc::kVtUnroll];  // -1: unchecked
+    bool act[kvc::kVtUnroll];         // a real entry (else a padding lane: slot 0, skipped)
+    bool nb[kvc::kVtUnroll];          // the predecessor is lane - 1's entry
 };
 
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
@@ -82,15 +79,15 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #if KVC_HAS_REAL_KV
     const kvc_i64 nsrc = x.num_sources;
 #endif
-    kvc_i64 tok[KVC_VT_UNROLL], spos[KVC_VT_UNROLL], hash[KVC_VT_UNROLL], rkv[KVC_VT_UNROLL];
+    kvc_i64 tok[kvc::kVtUnroll], spos[kvc::kVtUnroll], hash[kvc::kVtUnroll], rkv[kvc::kVtUnroll];
 #if KVC_HAS_REAL_KV
-    kvc_u64 w0[KVC_VT_UNROLL], w1[KVC_VT_UNROLL];
+    kvc_u64 w0[kvc::kVtUnroll], w1[kvc::kVtUnroll];
 #endif
-    bool own[KVC_VT_UNROLL];
+    bool own[kvc::kVtUnroll];
     // All loads first: the slot's record (also when the entry itself will be out of range: a covered-or-not
     // slot inside the buffer is the next entry's predecessor), and the first real-KV bytes of a covered slot.
 #pragma unroll
-    for (int u = 0; u < KVC_VT_UNROLL; ++u) {
+    for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_i64 s = en.slot[u];
         own[u] = s > kvc::TOKEN_TO_KV_SLOT_PADDING && s < num_slots;
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
@@ -102,11 +99,11 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     }
     const KvcLog log = kvc_log_of(x);
 #pragma unroll
-    for (int u = 0; u < KVC_VT_UNROLL; ++u) {
+    for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_i64 s = en.slot[u], prev = en.prev[u];
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
-        const kvc_i64 from_prev_lane = __shfl_up_sync(KVC_FULL_MASK, h, 1);
+        const kvc_i64 from_prev_lane = __shfl_up_sync(kvc::kFullMask, h, 1);
         const bool live = en.act[u] && s != kvc::TOKEN_TO_KV_SLOT_PADDING;
         const bool oor = live && kvc_verify_out_of_range(s, prev, num_slots, limit);
         kvc_i64 bits = 0, expected_chain = 0;
@@ -131,7 +128,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
             if (spos[u] != en.pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
             kvc_i64 fingerprint = 0;
 #if KVC_HAS_REAL_KV
-            if (nsrc > 0) fingerprint = (kvc_i64)kvc_fingerprint_table<KVC_VT_FOLD_LOADS>(x.sources, nsrc, s, w0[u], w1[u]);
+            if (nsrc > 0) fingerprint = (kvc_i64)kvc_fingerprint_table<kvc::kVtFoldLoads>(x.sources, nsrc, s, w0[u], w1[u]);
 #endif
             if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
         }
@@ -142,7 +139,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, KVC_VT_MIN_BLOCKS)
+extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, kvc::kVtMinBlocks)
 kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     __shared__ kvc_i64 s_off[kvc::kVtTile + 1];  // tile-local exclusive offsets of the rows' entries
     __shared__ kvc_i64 s_rp[kvc::kVtTile];       // req_pool_indices
@@ -187,7 +184,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             const kvc_i64 lo = kvc_max64(next, carry), hi = kvc_min64(next + kvc::kVtChunk, tile_end);
             KvcVtEntries en;
 #pragma unroll
-            for (int u = 0; u < KVC_VT_UNROLL; ++u) {
+            for (int u = 0; u < kvc::kVtUnroll; ++u) {
                 const kvc_i64 e = lo + (kvc_i64)u * KVC_VT_THREADS + tid;
                 en.act[u] = e < hi;
                 en.nb[u] = false;
@@ -216,8 +213,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 }
             }
 #pragma unroll
-            for (int u = 0; u < KVC_VT_UNROLL; ++u) {
-                const kvc_i64 s = __shfl_up_sync(KVC_FULL_MASK, en.slot[u], 1);
+            for (int u = 0; u < kvc::kVtUnroll; ++u) {
+                const kvc_i64 s = __shfl_up_sync(kvc::kFullMask, en.slot[u], 1);
                 if (en.nb[u]) en.prev[u] = s;
             }
 #pragma unroll 1

@@ -6,7 +6,7 @@
 //
 // The machinery is write_core.cuh's (see its header for the design and the bounds rules), with one context:
 //  * pass 1: one warp per short / empty / bad request (warps stride over the requests of the plan);
-//  * pass 2: one block per long request (chain walker + KVC_WRITE_WORKERS workers, tiles of KVC_WRITE_TILE).
+//  * pass 2: one block per long request (chain walker + kvc::kWriteWorkers workers, tiles of kvc::kWriteTile).
 // Every warp reads the same 32 request ranges and ballots, so the list of long requests (and so every
 // barrier of pass 2) is uniform across the block. The ranges of the first 32 candidates are read before
 // pass 1, so their loads overlap it.
@@ -22,13 +22,16 @@
 
 // Launch geometry (the launcher reads these defines): one chain warp + the workers, one token per
 // worker per tile.
-#define KVC_WRITE_WORKERS 256
 #define KVC_WRITE_THREADS 288
-#define KVC_WRITE_WARPS 9
-#define KVC_WRITE_TILE KVC_WRITE_WORKERS
-static_assert(KVC_WRITE_THREADS == kvc::kWriteWorkerBase + KVC_WRITE_WORKERS, "one chain warp plus the workers");
-static_assert(KVC_WRITE_WARPS * 32 == KVC_WRITE_THREADS, "whole warps");
-// Grid: this many blocks per SM, capped by the request capacity.
+namespace kvc {
+constexpr int kWriteWorkers = 256;  // one token per worker per tile
+constexpr int kWriteTile = kWriteWorkers;
+constexpr int kWriteWarps = KVC_WRITE_THREADS / kWarpSize;
+static_assert(KVC_WRITE_THREADS == kWriteWorkerBase + kWriteWorkers, "one chain warp plus the workers");
+static_assert(kWriteWarps * kWarpSize == KVC_WRITE_THREADS, "whole warps");
+}  // namespace kvc
+// Grid: this many blocks per SM, capped by the request capacity (also the register budget: 3 x 288 threads
+// leave 75 registers, which the four specializations need to stay spill-free).
 #define KVC_WRITE_BLOCKS_PER_SM 3
 
 // The one context of an SGLang-named write launch.
@@ -41,7 +44,7 @@ struct KvcWriteOneContext {
 };
 
 extern "C" __global__ void __launch_bounds__(KVC_WRITE_THREADS, KVC_WRITE_BLOCKS_PER_SM) kvc_write(const __grid_constant__ KvcWriteParams p) {
-    __shared__ KvcWriteSmem<1, KVC_WRITE_TILE> sm;
+    __shared__ KvcWriteSmem<1, kvc::kWriteTile> sm;
     const KvcWriteOneContext cx{p};
     const KvcTokenParams& tk = p.tokens;
     const int tid = (int)threadIdx.x;
@@ -58,8 +61,8 @@ extern "C" __global__ void __launch_bounds__(KVC_WRITE_THREADS, KVC_WRITE_BLOCKS
         first_rl < n_req && kvc_write_is_long(p.write_offsets[first_rl], p.write_offsets[first_rl + 1], tk.num_tokens);
 
     // ---- Pass 1: one warp per short / empty / bad request (warps stride over the requests).
-    const kvc_i64 warp_stride = (kvc_i64)gridDim.x * KVC_WRITE_WARPS;
-    for (kvc_i64 r = (kvc_i64)blockIdx.x * KVC_WRITE_WARPS + warp; r < n_req; r += warp_stride) {
+    const kvc_i64 warp_stride = (kvc_i64)gridDim.x * kvc::kWriteWarps;
+    for (kvc_i64 r = (kvc_i64)blockIdx.x * kvc::kWriteWarps + warp; r < n_req; r += warp_stride) {
         // The seed is loaded with the range (r < n_req <= capacity), one latency instead of two.
         const kvc_i64 start = p.write_offsets[r], end = p.write_offsets[r + 1], seed = p.seed_slot_indices[r];
         if (kvc_write_is_long(start, end, tk.num_tokens)) continue;
@@ -70,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(KVC_WRITE_THREADS, KVC_WRITE_BLOCKS
     for (kvc_i64 c0 = blockIdx.x; c0 < n_req; c0 += 32 * (kvc_i64)gridDim.x) {
         const kvc_i64 rl = c0 + (kvc_i64)lane * gridDim.x;
         unsigned int todo = __ballot_sync(
-            KVC_FULL_MASK, c0 == (kvc_i64)blockIdx.x
+            kvc::kFullMask, c0 == (kvc_i64)blockIdx.x
                                ? first_long
                                : rl < n_req && kvc_write_is_long(p.write_offsets[rl], p.write_offsets[rl + 1],
                                                                  tk.num_tokens));
@@ -78,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(KVC_WRITE_THREADS, KVC_WRITE_BLOCKS
             // Re-read (cache hits) rather than keep every lane's range in registers through the tiles.
             const kvc_i64 r = c0 + (kvc_i64)(__ffs(todo) - 1) * gridDim.x;
             todo &= todo - 1;
-            kvc_write_block_request<1, KVC_WRITE_TILE, KVC_INPUT_ASSERT != 0>(
+            kvc_write_block_request<1, kvc::kWriteTile, KVC_INPUT_ASSERT != 0>(
                 cx, tk, p.write_offsets[r], p.write_offsets[r + 1], p.seed_slot_indices[r], position_assert, stamped,
                 sm);
         }

@@ -9,7 +9,7 @@
 // those two serial values per token and leave the rest to other threads. Several contexts (K and V) share the
 // tokens but each has its own canary buffer, hence its own seed record and chain: the walks run side by side.
 //
-//  * kvc_write_warp_request: a short request (at most KVC_WRITE_SHORT tokens, e.g. decode), an empty one or
+//  * kvc_write_warp_request: a short request (at most kvc::kWriteShort tokens, e.g. decode), an empty one or
 //    one with a bad token range, by one warp. Lane j loads token j and its fingerprints; the warp walks every
 //    context's chain redundantly (values broadcast by shuffles, the contexts' mix3 independent of each other)
 //    and lane j keeps the running hash and expected position its token sees in each context, then stores its
@@ -44,12 +44,11 @@
 
 #include "common.cuh"
 
-// Requests with at most this many tokens are written by one warp (one token per lane).
-#define KVC_WRITE_SHORT 32
-// The chain walker's loop is unrolled this much; tiles are padded to a multiple with unstamped entries.
-#define KVC_WRITE_UNROLL 8
-
 namespace kvc {
+// Requests with at most this many tokens are written by one warp (one token per lane).
+constexpr int kWriteShort = 32;
+// The chain walker's loop is unrolled this much; tiles are padded to a multiple with unstamped entries.
+constexpr int kWriteUnroll = 8;
 // Per-token flags (0 = skip: slot -1, or padding past the request's end). WRITE_TOKEN_MISMATCH /
 // WRITE_POSITION_MISMATCH (8, 16) carry the input-assert bits themselves.
 constexpr int kFlagStamp = 1;
@@ -60,10 +59,10 @@ static_assert(((kFlagStamp | kFlagOutOfRange) & kAssertBits) == 0, "flag bits ar
 constexpr int kWriteWorkerBase = kWarpSize;
 }  // namespace kvc
 
-// A request the block pass writes: a valid token range of more than KVC_WRITE_SHORT tokens (end - start is
+// A request the block pass writes: a valid token range of more than kvc::kWriteShort tokens (end - start is
 // only formed once the range is known to be valid, so it cannot overflow).
 __device__ __forceinline__ bool kvc_write_is_long(kvc_i64 start, kvc_i64 end, kvc_i64 num_tokens) {
-    return !kvc_write_range_bad(start, end, num_tokens) && end > start && end - start > KVC_WRITE_SHORT;
+    return !kvc_write_range_bad(start, end, num_tokens) && end > start && end - start > kvc::kWriteShort;
 }
 
 // The input-assert bits of token i (slot >= 0): compared with the expected arrays.
@@ -179,7 +178,7 @@ __device__ __forceinline__ void kvc_write_warp_request(const Cx& cx, const KvcTo
     if (kvc_write_reject<NC>(cx, tk, start, end, seed, lane == 0)) return;
     if (end <= start) return;
     const kvc_i64 num_slots = cx.ctx(0).num_slots;
-    const int n = (int)(end - start);  // 1 .. KVC_WRITE_SHORT
+    const int n = (int)(end - start);  // 1 .. kvc::kWriteShort
     const kvc_i64 i = start + lane;
     kvc_i64 slot = kvc::NO_SLOT, tok = 0, pos = 0;
     if (lane < n) {
@@ -209,12 +208,12 @@ __device__ __forceinline__ void kvc_write_warp_request(const Cx& cx, const KvcTo
 #pragma unroll
     for (int c = 0; c < NC; ++c) my_hash[c] = my_want[c] = 0;
     for (int j = 0; j < n; ++j) {
-        const kvc_i64 tj = __shfl_sync(KVC_FULL_MASK, tok, j);
-        const kvc_i64 pj = __shfl_sync(KVC_FULL_MASK, pos, j);
+        const kvc_i64 tj = __shfl_sync(kvc::kFullMask, tok, j);
+        const kvc_i64 pj = __shfl_sync(kvc::kFullMask, pos, j);
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             if (c < nctx) {
-                const int sj = __shfl_sync(KVC_FULL_MASK, flag[c], j) & kvc::kFlagStamp;
+                const int sj = __shfl_sync(kvc::kFullMask, flag[c], j) & kvc::kFlagStamp;
                 if (lane == j) {
                     my_hash[c] = (kvc_i64)running[c];
                     my_want[c] = (kvc_i64)((kvc_u64)last_pos[c] + 1ULL);
@@ -228,7 +227,7 @@ __device__ __forceinline__ void kvc_write_warp_request(const Cx& cx, const KvcTo
     // A slot stamped by several lanes: only the highest lane stores (other lanes get unique keys). Whether a
     // slot is covered is a property of the slot, so the lanes naming a slot stamp it in the same contexts.
     const bool in_buffer = slot >= 0 && slot < num_slots;
-    const unsigned int same = __match_any_sync(KVC_FULL_MASK, in_buffer ? (kvc_u64)slot : ~(kvc_u64)lane);
+    const unsigned int same = __match_any_sync(kvc::kFullMask, in_buffer ? (kvc_u64)slot : ~(kvc_u64)lane);
     const bool store = (same >> lane) == 1u;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -258,14 +257,14 @@ struct KvcWriteSmem {
     kvc_i64 last_pos[NC];
 };
 
-// One long request (a valid range of more than KVC_WRITE_SHORT tokens) by the whole block: every thread calls
+// One long request (a valid range of more than kvc::kWriteShort tokens) by the whole block: every thread calls
 // it with the same arguments (it has barriers). blockDim.x >= 32 + TILE.
 template <int NC, int TILE, bool INPUT_ASSERT, class Cx>
 __device__ __forceinline__ void kvc_write_block_request(const Cx& cx, const KvcTokenParams& tk, kvc_i64 start,
                                                         kvc_i64 end, kvc_i64 seed,
                                                         const bool (&position_assert)[NC], kvc_i64 (&stamped)[NC],
                                                         KvcWriteSmem<NC, TILE>& sm) {
-    static_assert(TILE % KVC_WRITE_UNROLL == 0, "tile padding stays inside the tile");
+    static_assert(TILE % kvc::kWriteUnroll == 0, "tile padding stays inside the tile");
     const int tid = (int)threadIdx.x;
     const int lane = tid & 31, warp = tid >> 5;
     const int nctx = cx.count();
@@ -298,14 +297,14 @@ __device__ __forceinline__ void kvc_write_block_request(const Cx& cx, const KvcT
                 kvc_i64 last_pos = sm.last_pos[c];
                 const int b = (int)(k & 1);
                 const int count = (int)kvc_min64(TILE, end - (start + k * TILE));
-                const int padded = (count + KVC_WRITE_UNROLL - 1) & ~(KVC_WRITE_UNROLL - 1);
+                const int padded = (count + kvc::kWriteUnroll - 1) & ~(kvc::kWriteUnroll - 1);
                 const kvc_i64* tk_s = sm.tok[b];
                 const kvc_i64* ps = sm.pos[b];
                 if (!skips) {
                     // Every token stamps (padding past the end only disturbs values nobody reads).
-                    for (int j = 0; j < padded; j += KVC_WRITE_UNROLL) {
+                    for (int j = 0; j < padded; j += kvc::kWriteUnroll) {
 #pragma unroll
-                        for (int u = 0; u < KVC_WRITE_UNROLL; ++u) {
+                        for (int u = 0; u < kvc::kWriteUnroll; ++u) {
                             const kvc_i64 t = tk_s[j + u], q = ps[j + u];
                             sm.hash[b][j + u][c] = (kvc_i64)running;
                             sm.want[b][j + u][c] = (kvc_i64)((kvc_u64)last_pos + 1ULL);
@@ -314,9 +313,9 @@ __device__ __forceinline__ void kvc_write_block_request(const Cx& cx, const KvcT
                         }
                     }
                 } else {
-                    for (int j = 0; j < padded; j += KVC_WRITE_UNROLL) {
+                    for (int j = 0; j < padded; j += kvc::kWriteUnroll) {
 #pragma unroll
-                        for (int u = 0; u < KVC_WRITE_UNROLL; ++u) {
+                        for (int u = 0; u < kvc::kWriteUnroll; ++u) {
                             const kvc_i64 t = tk_s[j + u], q = ps[j + u];
                             const bool st = (sm.flag[b][j + u][c] & kvc::kFlagStamp) != 0;
                             sm.hash[b][j + u][c] = (kvc_i64)running;

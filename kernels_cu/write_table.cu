@@ -7,15 +7,15 @@
 // seed record and chain.
 //
 // §5's write metadata is computed in the kernel, with no plan and no scratch: every block walks the rows in
-// tiles of KVC_WT_ROW_ITEMS * KVC_WT_THREADS rows (each thread KVC_WT_ROW_ITEMS consecutive rows: pool index,
+// tiles of kvc::kWtRowItems * KVC_WT_THREADS rows (each thread kvc::kWtRowItems consecutive rows: pool index,
 // prefix, extend; a block-wide exclusive sum of the write lengths gives the rows' token offsets in shared
 // memory); a row's seed (the table entry of position prefix - 1, through the LUT) is read only by the block that
 // writes the row, right after the row itself, so its latency overlaps the scan. Then write_core.cuh's machinery:
-//  * short, empty and bad requests: one warp each; row r goes to warp r mod (G * KVC_WT_WARPS) of the grid;
+//  * short, empty and bad requests: one warp each; row r goes to warp r mod (G * kvc::kWtWarps) of the grid;
 //  * long requests: the whole block; row r goes to block r mod G (the walkers are lanes 0 .. contexts-1 of
-//    warp 0, one chain per context, in lockstep; the workers are threads 32 .. 32 + KVC_WT_TILE - 1).
+//    warp 0, one chain per context, in lockstep; the workers are threads 32 .. 32 + kvc::kWtTile - 1).
 // The grid is fixed by the SM count (never by the batch); the counts are read on the device. A decode batch of
-// up to KVC_WT_ROW_ITEMS * KVC_WT_THREADS rows is one tile: one round of row loads, one scan, then every
+// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one scan, then every
 // request's token, seed-record and real-KV loads in parallel.
 //
 // Counters: per context kernel_run_counter += 1 (block 0) and slot_run_counter += the stamped slots (one atomic
@@ -35,17 +35,17 @@
 
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines).
 #define KVC_WT_THREADS 256
-#define KVC_WT_WARPS 8
 #define KVC_WT_BLOCKS_PER_SM 1
-// Tokens per tile of the long-request path (its workers are threads 32 .. 32 + KVC_WT_TILE - 1; with four
-// contexts a tile's shared memory is about 26 KB).
-#define KVC_WT_TILE 96
-#define KVC_WT_ROW_ITEMS 4
-static_assert(KVC_WT_WARPS * 32 == KVC_WT_THREADS, "whole warps");
-static_assert(KVC_WT_THREADS >= kvc::kWriteWorkerBase + KVC_WT_TILE, "a worker per tile token");
 
 namespace kvc {
-constexpr int kWtRows = KVC_WT_ROW_ITEMS * KVC_WT_THREADS;  // rows per tile
+constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
+// Tokens per tile of the long-request path (its workers are threads 32 .. 32 + kWtTile - 1; with four contexts a
+// tile's shared memory is about 26 KB).
+constexpr int kWtTile = 96;
+constexpr int kWtRowItems = 4;                          // rows per thread per tile of the row scan
+constexpr int kWtRows = kWtRowItems * KVC_WT_THREADS;  // rows per tile
+static_assert(kWtWarps * kWarpSize == KVC_WT_THREADS, "whole warps");
+static_assert(KVC_WT_THREADS >= kWriteWorkerBase + kWtTile, "a worker per tile token");
 }  // namespace kvc
 
 // The fingerprint of a covered slot from a descriptor table of n >= 1 sources. Not inlined: the write reaches it
@@ -78,7 +78,7 @@ __device__ __forceinline__ kvc_i64 kvc_first_congruent(kvc_i64 base, kvc_i64 m, 
 extern "C" __global__ void __launch_bounds__(KVC_WT_THREADS, KVC_WT_BLOCKS_PER_SM)
 kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     constexpr int NC = kvc::kMaxContexts;
-    __shared__ KvcWriteSmem<NC, KVC_WT_TILE> sm;
+    __shared__ KvcWriteSmem<NC, kvc::kWtTile> sm;
     __shared__ kvc_i64 s_start[kvc::kWtRows + 1];  // tile-local exclusive token offsets of the rows
     __shared__ kvc_i64 s_seed[kvc::kWtRows];       // seeds of the rows this block writes
     __shared__ kvc_i64 scratch[kvc::kScanScratch];
@@ -90,7 +90,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int nctx = (int)p.num_contexts;
     const kvc_i64 blocks = gridDim.x, block = blockIdx.x;
-    const kvc_i64 warps = blocks * KVC_WT_WARPS, gwarp = block * KVC_WT_WARPS + warp;
+    const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = block * kvc::kWtWarps + warp;
 
     if (block == 0 && tid == 0) {
 #pragma unroll
@@ -108,10 +108,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     kvc_i64 tok_carry = 0;  // tokens of the rows before the tile
     kvc_i64 invalid = 0;    // invalid rows this thread saw
     for (kvc_i64 tile = 0; tile < b.bs; tile += kvc::kWtRows) {
-        const kvc_i64 first = tile + (kvc_i64)tid * KVC_WT_ROW_ITEMS;
-        kvc_i64 rp[KVC_WT_ROW_ITEMS], prefix[KVC_WT_ROW_ITEMS], extend[KVC_WT_ROW_ITEMS];
+        const kvc_i64 first = tile + (kvc_i64)tid * kvc::kWtRowItems;
+        kvc_i64 rp[kvc::kWtRowItems], prefix[kvc::kWtRowItems], extend[kvc::kWtRowItems];
 #pragma unroll
-        for (int j = 0; j < KVC_WT_ROW_ITEMS; ++j) {
+        for (int j = 0; j < kvc::kWtRowItems; ++j) {
             rp[j] = prefix[j] = extend[j] = 0;
             if (first + j < b.bs) {
                 rp[j] = b.req_pool_indices[first + j];
@@ -119,9 +119,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
                 extend[j] = b.extend_seq_lens[first + j];
             }
         }
-        kvc_i64 len[KVC_WT_ROW_ITEMS], seed[KVC_WT_ROW_ITEMS], sum = 0;
+        kvc_i64 len[kvc::kWtRowItems], seed[kvc::kWtRowItems], sum = 0;
 #pragma unroll
-        for (int j = 0; j < KVC_WT_ROW_ITEMS; ++j) {
+        for (int j = 0; j < kvc::kWtRowItems; ++j) {
             const kvc_i64 r = first + j;
             len[j] = 0;
             seed[j] = kvc::NO_SLOT;
@@ -133,7 +133,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
                 kvc_i64 q, by_warp, by_block;
                 kvc_divmod(r, warps, q, by_warp);
                 kvc_divmod(r, blocks, q, by_block);
-                const bool mine = by_warp / KVC_WT_WARPS == block || by_block == block;
+                const bool mine = by_warp / kvc::kWtWarps == block || by_block == block;
                 if (mine && kvc_has_seed(active, prefix[j], len[j]))
                     seed[j] = kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1));
             }
@@ -142,9 +142,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         kvc_i64 tile_total;
         kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, tile_total);
 #pragma unroll
-        for (int j = 0; j < KVC_WT_ROW_ITEMS; ++j) {
-            s_start[tid * KVC_WT_ROW_ITEMS + j] = run;
-            s_seed[tid * KVC_WT_ROW_ITEMS + j] = seed[j];
+        for (int j = 0; j < kvc::kWtRowItems; ++j) {
+            s_start[tid * kvc::kWtRowItems + j] = run;
+            s_seed[tid * kvc::kWtRowItems + j] = seed[j];
             run += len[j];
         }
         if (tid == 0) s_start[kvc::kWtRows] = tile_total;
@@ -164,7 +164,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
             const kvc_i64 i = r - tile;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (!kvc_write_is_long(start, end, tk.num_tokens)) continue;
-            kvc_write_block_request<NC, KVC_WT_TILE, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i],
+            kvc_write_block_request<NC, kvc::kWtTile, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i],
                                                                              position_assert, stamped, sm);
         }
         tok_carry += tile_total;
