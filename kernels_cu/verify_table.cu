@@ -23,6 +23,14 @@
 // record): about 1/32 of the entries. PARTIAL adds one 32-byte sector of real KV per entry per source (its first
 // 16 bytes are loaded together with the record, so both latencies overlap). With several contexts the row
 // mapping, table, LUT and pool reads are done once; each context adds its record (and KV) reads.
+// Numbers (H200, shuffled pool): the two-pass verify's B run moved ~16.8 M random 32-byte sectors in ~170 µs
+// (~3.2 TB/s); here B (8.4 M entries) needs ~8.4 M random sectors + 34 MB of table: ~95 µs expected (target 115),
+// PARTIAL twice the random sectors: ~190 µs (target 215); A (1 M entries, 37 MB) ~11 µs of DRAM time plus launch
+// and ramp-up (target 19 eager; in a graph the working set mostly fits the 50 MB L2). The row walk every block
+// repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the entries' bytes).
+// Occupancy: 4 blocks of 256 threads per SM within 64 registers (NONE), 2 per SM with real KV (~116 registers);
+// with 2 entries per thread per step that is 2048 (1024) entries in flight per SM, above the ~800 random sectors
+// per SM that cover the DRAM latency at full bandwidth.
 //
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
 // hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
