@@ -117,7 +117,8 @@ class ArrayView:
         if 0 in shape:
             return np.empty(shape, dtype=np_dtype)
         span = sum((n - 1) * st for n, st in zip(shape, byte_strides)) + np_dtype.itemsize
-        raw = np.frombuffer((ctypes.c_char * span).from_address(self.ptr), dtype=np.uint8)
+        # A ctypes array is a buffer (its stubs do not say so).
+        raw = np.frombuffer((ctypes.c_char * span).from_address(self.ptr), dtype=np.uint8)  # type: ignore[call-overload]
         if np_dtype.itemsize > 1:
             raw = raw[: span - span % np_dtype.itemsize].view(np_dtype)
         return np.lib.stride_tricks.as_strided(raw, shape=shape, strides=byte_strides)
