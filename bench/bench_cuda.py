@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Benchmark of the CUDA kernels (issue 3): plan, verify, write and scatter on the four serving shapes.
+"""Benchmark of the CUDA kernels: the SGLang-named ops (plan, verify, write, scatter) and kvcanary's plan-free
+ops (verify and write straight from the table), on four serving shapes.
 
 Usage (on a CUDA machine, from the repository root)::
 
-    PYTHONPATH=. python3 bench/bench_cuda.py            # all shapes, real-KV NONE and PARTIAL
-    PYTHONPATH=. python3 bench/bench_cuda.py --shapes A,C --modes NONE --layouts shuffled --runs 50
+    PYTHONPATH=. python3 bench/bench_cuda.py            # all shapes, real-KV NONE and PARTIAL, both layouts
+    PYTHONPATH=. python3 bench/bench_cuda.py --shapes A,B --modes NONE --layouts shuffled --ops verify_table
 
 Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` new tokens; page size 1):
 
@@ -13,14 +14,19 @@ Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` ne
 * C prefill: 1 request, prefix 0, extend 32,768 (one 32,768-token write chain)
 * D mixed: 16 x prefix 1024, extend 2048
 
-Real-KV: NONE, and PARTIAL with one source of 256-byte rows (``uint8 [num_slots, 256]``, page size 1). Slot
-layouts (``--layouts``): ``contiguous`` (a request's slots are consecutive) and ``shuffled`` (a random
+Ops (``--ops``; verify ops only where there is a prefix): ``plan``, ``verify``, ``write``, ``scatter`` (the
+SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / ``write_table`` (the plan-free ops,
+one buffer) and ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch).
+
+Real-KV: NONE, and PARTIAL with one source of 256-byte rows per buffer (``uint8 [num_slots, 256]``, page size 1).
+Slot layouts (``--layouts``): ``contiguous`` (a request's slots are consecutive) and ``shuffled`` (a random
 permutation of the pool).
 
 For every case the script stamps the prefix (a write of the whole prefix), then checks that one
 plan -> verify -> write step is clean (no violation; plan counts as expected), that a verify of every
-position afterwards is clean, and that flipping one stored token is caught (exactly one chain violation, on
-its successor) - then restores the buffer. Only then does it time each op through the public
+position afterwards is clean, that flipping one stored token is caught (exactly one chain violation, on its
+successor) - by the two-pass verify and by verify from the table - and that the plan-free write stamps the same
+bytes as the two-pass write; then restores the buffer. Only then does it time each op through the public
 ``kvcanary.launch_*`` functions on torch CUDA tensors:
 
 * eager: each launch alone, median over ``--runs`` launches after ``--warmup``; before each launch the L2 is
@@ -28,15 +34,19 @@ its successor) - then restores the buffer. Only then does it time each op throug
   host-side validation and launch, so the CUDA events bracket GPU time only;
 * graph: up to ``--graph-reps`` launches of the op (fewer when one launch exceeds 100 µs, so a replay stays
   near 2 ms) captured in one ``torch.cuda.CUDAGraph``, replayed ``--runs`` times; per-launch time = median
-  replay time / reps (back to back, L2 left warm).
+  replay time / reps (back to back, L2 left warm);
+* host: the median CPU time of one call of the public op (validation, packing, launch) over ``--host-calls``
+  back-to-back calls with a reused context (and plan).
 
-Bandwidth uses nominal bytes per unit of work (the issue's model): plan 36 B per verify entry (four int64
-fields written, one int32 ``req_to_token`` read), verify 88 B per entry (four plan fields, the slot's 32-byte
-record, 24 bytes of the predecessor's), write 56 B per token (three int64 inputs, one 32-byte record),
-scatter 12 B per token (int64 in, int32 out). PARTIAL's 16 real-KV bytes per entry/token are not counted.
-"% copy" compares with a device-to-device copy (``torch.Tensor.copy_``, bytes read + written) measured in
-the same run. Write's "ns/token" is the launch time divided by ``extend`` (the serial chain length; the
-chains of different requests run in parallel).
+Bytes per unit ("B/unit"): for the SGLang-named ops nominal bytes: plan 36 B per verify
+entry (four int64 fields written, one int32 ``req_to_token`` read), verify 88 B per entry (four plan fields, the
+slot's 32-byte record, 24 bytes of the predecessor's), write 56 B per token (three int64 inputs, one 32-byte
+record), scatter 12 B per token (int64 in, int32 out), PARTIAL's real-KV bytes not counted; for the plan-free
+verify the *byte minimum*: 36 B per entry and buffer (4 B of table + the slot's 32-byte record; the predecessor's
+record is the neighbouring entry's) plus one 32-byte sector of real KV per entry and buffer in PARTIAL
+(``verify_table_kv``: 4 + 2 x 32, + 2 x 32). "% copy" compares ``units * B/unit / time`` with a device-to-device
+copy (``torch.Tensor.copy_``, bytes read + written) measured in the same run. Write's "ns/token" is the launch
+time divided by ``extend`` (the serial chain length; the chains of different requests run in parallel).
 
 The markdown table is printed last and, when ``$OUT`` is set (or ``--out`` is given), written to
 ``$OUT/bench.md``. Exit status 1 if any correctness check failed.
@@ -73,8 +83,13 @@ SHAPES = {
     "C": dict(bs=1, prefix=0, extend=32768, what="prefill"),
     "D": dict(bs=16, prefix=1024, extend=2048, what="mixed"),
 }
-# Nominal bytes per unit of work (see the module docstring).
-BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12}
+# Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
+# plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
+BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68}
+PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64}
+ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table")
+DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table")
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv")
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
@@ -128,6 +143,17 @@ class Timer:
             pairs.append((s, e))
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
+
+    def host(self, fn, *, calls: int) -> float:
+        """Median CPU microseconds of one ``fn()`` call (back to back, the GPU running behind)."""
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        return statistics.median(times) * 1e6
 
     def graph(self, fn, *, runs: int, reps: int) -> float:
         """Median GPU microseconds per launch with ``reps`` launches captured back to back in one graph."""
@@ -201,15 +227,21 @@ class Case:
         self.canary = allocate_canary_buffer(self.num_slots, device=device)
         self.log = ViolationLog.allocate(ring_capacity=4096, device=device)
         self.flag = allocate_chain_position_flag(1, device=device)
-        sources = ()
+        sources: dict[str, tuple] = {"k": (), "v": ()}
         if mode != RealKvHashMode.NONE:
-            self.kv = torch.randint(0, 256, (self.num_slots, REAL_KV_ROW_BYTES), generator=g, device=device,
-                                    dtype=torch.uint8)
-            sources = (RealKvSource(tensor=self.kv, page_size=1, num_bytes_per_token=REAL_KV_ROW_BYTES,
-                                    read_bytes=REAL_KV_ROW_BYTES),)
+            for kv in ("k", "v"):
+                pool = torch.randint(0, 256, (self.num_slots, REAL_KV_ROW_BYTES), generator=g, device=device,
+                                     dtype=torch.uint8)
+                sources[kv] = (RealKvSource(tensor=pool, page_size=1, num_bytes_per_token=REAL_KV_ROW_BYTES,
+                                            read_bytes=REAL_KV_ROW_BYTES),)
         self.ctx = self.log.context(canary_buf=self.canary, kernel_kind=CanaryLaunchTag.TAIL_K_FULL,
-                                    real_kv_sources=sources, real_kv_hash_mode=mode,
+                                    real_kv_sources=sources["k"], real_kv_hash_mode=mode,
                                     enable_chain_position_assert=self.flag)
+        # A V buffer for the K+V launches: a copy of the K records (stamped alike), its own real KV.
+        self.canary_v = allocate_canary_buffer(self.num_slots, device=device)
+        self.ctx_v = self.log.context(canary_buf=self.canary_v, kernel_kind=CanaryLaunchTag.TAIL_V_FULL,
+                                      real_kv_sources=sources["v"], real_kv_hash_mode=mode,
+                                      enable_chain_position_assert=self.flag)
 
         # The timed step: verify the prefix, write the `extend` new tokens.
         self.step_prefix = torch.full((bs,), prefix, dtype=torch.int64, device=device)
@@ -248,9 +280,9 @@ class Case:
         kvcanary.launch_canary_verify_kernel(context=self.ctx, plan=vplan or self.vplan,
                                              check_verify_expected_token=False)
 
-    def write(self, ids=None, pos=None, loc=None, wplan=None):
+    def write(self, ids=None, pos=None, loc=None, wplan=None, ctx=None):
         kvcanary.launch_canary_write_kernel(
-            context=self.ctx,
+            context=ctx or self.ctx,
             plan=wplan or self.wplan,
             input_ids=self.step_ids if ids is None else ids,
             positions=self.step_pos if pos is None else pos,
@@ -259,6 +291,20 @@ class Case:
             expected_input_tokens=None,
             expected_input_positions=None,
         )
+
+    def verify_table(self, prefix_lens=None, contexts=None):
+        kvcanary.launch_canary_verify_from_table(
+            contexts=contexts or (self.ctx,), req_pool_indices=self.rpi,
+            prefix_lens=self.step_prefix if prefix_lens is None else prefix_lens, req_to_token=self.req_to_token)
+
+    def verify_table_kv(self):
+        self.verify_table(contexts=(self.ctx, self.ctx_v))
+
+    def write_table(self):
+        kvcanary.launch_canary_write_from_table(
+            contexts=(self.ctx,), req_pool_indices=self.rpi, prefix_lens=self.step_prefix,
+            extend_seq_lens=self.step_extend, req_to_token=self.req_to_token, input_ids=self.step_ids,
+            positions=self.step_pos, out_cache_loc=self.step_loc)
 
     def scatter(self):
         kvcanary.launch_scatter_req_token_ids_kernel(flat_in=self.scatter_in, offsets=self.scatter_offsets,
@@ -281,8 +327,10 @@ class Case:
         setup_v = VerifyPlan.allocate(verify_capacity=1, device=self.device)
         self.plan(vplan=setup_v, prefix_lens=zeros, extend_lens=torch.full_like(zeros, self.prefix), wplan=setup_w)
         p = self.prefix
-        self.write(ids=self.tokens[:, :p].reshape(-1).contiguous(), pos=self.positions[:, :p].reshape(-1).contiguous(),
-                   loc=self.slots[:, :p].reshape(-1).contiguous(), wplan=setup_w)
+        for ctx in (self.ctx, self.ctx_v):  # V is stamped like K (with its own real KV)
+            self.write(ids=self.tokens[:, :p].reshape(-1).contiguous(),
+                       pos=self.positions[:, :p].reshape(-1).contiguous(),
+                       loc=self.slots[:, :p].reshape(-1).contiguous(), wplan=setup_w, ctx=ctx)
 
     def check(self) -> list[Check]:
         out = []
@@ -292,6 +340,7 @@ class Case:
         self.plan()
         self.verify()
         self.write()
+        self.write(ctx=self.ctx_v)
         torch.cuda.synchronize()
         nv, en = int(self.vplan.verify_num_valid.item()), int(self.vplan.enable.item())
         total = int(self.wplan.write_offsets[bs].item())
@@ -324,6 +373,33 @@ class Case:
                              f"violations={n} row={row} (want slot {succ}, chain bit)"))
         del full_v, full_w
 
+        # The plan-free ops: verify from the table is clean on every position, catches the same flipped token,
+        # and the plan-free write stamps exactly what the two-pass write stamped (it is idempotent here).
+        if L >= 1:
+            self.reset_log()
+            full = torch.full_like(self.step_prefix, L)
+            self.verify_table(prefix_lens=full)
+            torch.cuda.synchronize()
+            out.append(Check("verify_table all positions", self.violations() == 0,
+                             f"violations={self.violations()}"))
+        if L >= 2:
+            victim = int(self.slots[bs // 2, L // 2 - 1].item())
+            self.canary[victim, 0] ^= 1
+            self.verify_table(prefix_lens=torch.full_like(self.step_prefix, L))
+            torch.cuda.synchronize()
+            n = self.violations()
+            row = self.log.violation_ring[0].tolist()
+            succ = int(self.slots[bs // 2, L // 2].item())
+            self.canary[victim, 0] ^= 1
+            out.append(Check("verify_table flipped token caught", n == 1 and row[1] == succ and row[7] & 1 == 1,
+                             f"violations={n} row={row} (want slot {succ}, chain bit)"))
+        self.reset_log()
+        before = self.canary.clone()
+        self.write_table()
+        torch.cuda.synchronize()
+        out.append(Check("write_table == write", bool(torch.equal(before, self.canary)) and self.violations() == 0,
+                         f"bytes equal={bool(torch.equal(before, self.canary))} violations={self.violations()}"))
+
         # Scatter fills each request's row with its tokens.
         self.scatter()
         torch.cuda.synchronize()
@@ -348,29 +424,37 @@ class Row:
     units: int
     eager_us: float
     graph_us: float | None
+    host_us: float | None
 
 
 def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def bytes_per_unit(op: str, mode: str) -> int:
+    return BYTES_PER_UNIT.get(op, 0) + (PARTIAL_BYTES_PER_UNIT.get(op, 0) if mode == "PARTIAL" else 0)
+
+
 def table(rows: list[Row], copy_gbs: float) -> str:
-    head = ("| shape | layout | real-KV | kernel | units | B/unit | eager µs | eager GB/s | eager % copy | graph µs "
-            "| graph GB/s | graph % copy | ns/token |")
+    head = ("| shape | layout | real-KV | op | units | B/unit | eager µs | graph µs | eager % copy | graph % copy "
+            "| host µs | ns/token |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        bpu = BYTES_PER_UNIT[r.op]
-        gbs = lambda us, r=r, bpu=bpu: None if (us is None or r.units == 0) else bpu * r.units / (us * 1e3)
-        eg, gg = gbs(r.eager_us), gbs(r.graph_us)
-        pct = lambda x: None if x is None else 100 * x / copy_gbs
+        bpu = bytes_per_unit(r.op, r.mode)
+
+        def pct(us, r=r, bpu=bpu):
+            if us is None or r.units == 0 or bpu == 0:
+                return None
+            return 100 * bpu * r.units / (us * 1e3) / copy_gbs
+
         ns_tok = None
-        if r.op == "write":
-            ext = SHAPES[r.shape]["extend"]
+        if r.op in ("write", "write_table"):
             best = min(x for x in (r.eager_us, r.graph_us) if x is not None)
-            ns_tok = best * 1e3 / ext
+            ns_tok = best * 1e3 / SHAPES[r.shape]["extend"]
         lines.append(
-            f"| {r.shape} | {r.layout} | {r.mode} | {r.op} | {r.units:,} | {bpu} | {fmt(r.eager_us, '.2f')} | {fmt(eg, '.0f')} "
-            f"| {fmt(pct(eg))} | {fmt(r.graph_us, '.2f')} | {fmt(gg, '.0f')} | {fmt(pct(gg))} | {fmt(ns_tok)} |"
+            f"| {r.shape} | {r.layout} | {r.mode} | {r.op} | {r.units:,} | {bpu or '-'} | {fmt(r.eager_us, '.2f')} "
+            f"| {fmt(r.graph_us, '.2f')} | {fmt(pct(r.eager_us))} | {fmt(pct(r.graph_us))} | {fmt(r.host_us, '.1f')} "
+            f"| {fmt(ns_tok)} |"
         )
     return "\n".join(lines)
 
@@ -383,6 +467,8 @@ def main(argv=None) -> int:
                     help="slot layouts to run: contiguous (a request's slots are consecutive, so the "
                          "predecessor's record is usually in the same cache line) and/or shuffled (a random "
                          "permutation of the pool, every record read is its own memory access)"),
+    ap.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"ops to time (of {', '.join(ALL_OPS)})")
+    ap.add_argument("--host-calls", type=int, default=50, help="calls timed for the host-time column")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--graph-reps", type=int, default=20)
@@ -433,6 +519,10 @@ def main(argv=None) -> int:
     for x in layouts:
         if x not in ("contiguous", "shuffled"):
             ap.error(f"--layouts: unknown layout {x!r} (contiguous, shuffled)")
+    wanted_ops = [o.strip() for o in args.ops.split(",")]
+    for o in wanted_ops:
+        if o not in ALL_OPS:
+            ap.error(f"--ops: unknown op {o!r} ({', '.join(ALL_OPS)})")
     combos = [(s.strip().upper(), lay, m) for s in args.shapes.split(",") for lay in layouts for m in modes]
     for shape, layout, mode in combos:
         p = SHAPES[shape]
@@ -449,11 +539,17 @@ def main(argv=None) -> int:
         ops = {
             "plan": (case.plan, case.bs * case.prefix),
             "verify": (case.verify, case.bs * case.prefix),
+            "verify_table": (case.verify_table, case.bs * case.prefix),
+            "verify_table_kv": (case.verify_table_kv, case.bs * case.prefix),
             "write": (case.write, case.bs * case.extend),
+            "write_table": (case.write_table, case.bs * case.extend),
             "scatter": (case.scatter, case.bs * case.L),
         }
         for op, (fn, units) in ops.items():
+            if op not in wanted_ops or (case.prefix == 0 and op in VERIFY_OPS):
+                continue
             eager = timer.eager(fn, runs=args.runs, warmup=args.warmup)
+            host = timer.host(fn, calls=args.host_calls)
             graph = None
             if not args.no_graph:
                 # keep one replay near 2 ms: long serial chains (C's write) need few launches
@@ -464,9 +560,9 @@ def main(argv=None) -> int:
                     failures.append(f"{shape}/{layout}/{mode.name} {op}: graph capture failed: "
                                     f"{type(e).__name__}: {e}")
                     torch.cuda.synchronize()
-            rows.append(Row(shape, layout, mode.name, op, units, eager, graph))
-            print(f"  {op:8s} units {units:>10,}  eager {eager:9.2f} µs  graph {fmt(graph, '9.2f')} µs",
-                  flush=True)
+            rows.append(Row(shape, layout, mode.name, op, units, eager, graph, host))
+            print(f"  {op:15s} units {units:>10,}  eager {eager:9.2f} µs  graph {fmt(graph, '9.2f')} µs  "
+                  f"host {host:6.1f} µs", flush=True)
         torch.cuda.synchronize()
         after = case.violations()
         if after:
@@ -477,8 +573,9 @@ def main(argv=None) -> int:
     md = table(rows, copy_gbs)
     notes = [
         "",
-        "Bytes per unit: plan 36 B per verify entry, verify 88 B per entry, write 56 B per token, scatter 12 B "
-        "per token; PARTIAL's 16 real-KV bytes per entry/token are not counted. ns/token = write time "
+        "B/unit: nominal for plan (36), verify (88), write (56), scatter (12), real KV not counted; the byte minimum "
+        "for verify_table (36 per entry, +32 in PARTIAL) and verify_table_kv (68, +64). % copy = units * B/unit / "
+        "time over the copy bandwidth. host µs = CPU time of one public-op call (median). ns/token = write time "
         "(better of eager and graph) / extend.",
         "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures)),
     ]

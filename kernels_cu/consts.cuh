@@ -1,38 +1,40 @@
-// kvcanary: constants of the canary format (SPEC §2). The Python twin is kvcanary/consts.py;
-// tests/test_consts_sync.py parses this file and checks every value against it, so keep the
-// one-definition-per-line shape: `#define NAME value` and `enum Name { MEMBER = value, ... };`.
+// kvcanary: constants of the canary format (SPEC §2), in namespace kvc. The Python twin is kvcanary/consts.py;
+// tests/ops/test_consts_sync.py parses this file and checks every value against it, so keep the
+// one-definition-per-line shape: `constexpr <type> NAME = value;` and `enum Name : int { MEMBER = value, ... };`.
 #pragma once
 
-#define CANARY_CHAIN_ANCHOR 0xC0FFEE1234567890ULL
-#define REQ_POOL_IDX_PADDING 0
-#define TOKEN_TO_KV_SLOT_PADDING 0
-#define CANARY_FIELDS_PER_SLOT 4
-#define CANARY_SLOT_BYTES 32
-#define VIOLATION_FIELDS 8
-#define MAX_REAL_KV_SOURCES 4
-#define REAL_KV_LOAD_BYTES 16
+namespace kvc {
 
-#define SPLITMIX64_MUL1 0xBF58476D1CE4E5B9ULL
-#define SPLITMIX64_MUL2 0x94D049BB133111EBULL
+constexpr unsigned long long CANARY_CHAIN_ANCHOR = 0xC0FFEE1234567890ULL;
+constexpr long long REQ_POOL_IDX_PADDING = 0;
+constexpr long long TOKEN_TO_KV_SLOT_PADDING = 0;
+constexpr int CANARY_FIELDS_PER_SLOT = 4;
+constexpr int CANARY_SLOT_BYTES = 32;
+constexpr int VIOLATION_FIELDS = 8;
+constexpr int MAX_REAL_KV_SOURCES = 4;
+constexpr int REAL_KV_LOAD_BYTES = 16;
 
-#define FIELD_TOKEN 0
-#define FIELD_POSITION 1
-#define FIELD_PREV_HASH 2
-#define FIELD_REAL_KV_HASH 3
+constexpr unsigned long long SPLITMIX64_MUL1 = 0xBF58476D1CE4E5B9ULL;
+constexpr unsigned long long SPLITMIX64_MUL2 = 0x94D049BB133111EBULL;
 
-#define VFIELD_KERNEL_KIND 0
-#define VFIELD_SLOT_IDX 1
-#define VFIELD_POSITION 2
-#define VFIELD_STORED_TOKEN 3
-#define VFIELD_EXPECTED_TOKEN 4
-#define VFIELD_STORED_CHAIN_HASH 5
-#define VFIELD_EXPECTED_AUX 6
-#define VFIELD_FAIL_REASON 7
+constexpr int FIELD_TOKEN = 0;
+constexpr int FIELD_POSITION = 1;
+constexpr int FIELD_PREV_HASH = 2;
+constexpr int FIELD_REAL_KV_HASH = 3;
 
-#define LUT_OUT_OF_RANGE_SLOT (-2)
-#define NO_SLOT (-1)
+constexpr int VFIELD_KERNEL_KIND = 0;
+constexpr int VFIELD_SLOT_IDX = 1;
+constexpr int VFIELD_POSITION = 2;
+constexpr int VFIELD_STORED_TOKEN = 3;
+constexpr int VFIELD_EXPECTED_TOKEN = 4;
+constexpr int VFIELD_STORED_CHAIN_HASH = 5;
+constexpr int VFIELD_EXPECTED_AUX = 6;
+constexpr int VFIELD_FAIL_REASON = 7;
 
-enum CanaryLaunchTag {
+constexpr long long LUT_OUT_OF_RANGE_SLOT = -2;
+constexpr long long NO_SLOT = -1;
+
+enum CanaryLaunchTag : int {
     HEAD_K_FULL = 0,
     HEAD_V_FULL = 1,
     TAIL_K_FULL = 2,
@@ -47,7 +49,7 @@ enum CanaryLaunchTag {
     SWEEP_V_SWA = 11,
 };
 
-enum FailReason {
+enum FailReason : int {
     VERIFY_CHAIN_HASH_MISMATCH = 1,
     VERIFY_POSITION_MISMATCH = 2,
     VERIFY_REAL_KV_HASH_MISMATCH = 4,
@@ -57,8 +59,10 @@ enum FailReason {
     SLOT_OUT_OF_RANGE = 64,
 };
 
-enum RealKvHashMode {
+enum RealKvHashMode : int {
     REAL_KV_NONE = 0,
     REAL_KV_PARTIAL = 1,
     REAL_KV_ALL = 2,
 };
+
+}  // namespace kvc

@@ -1,7 +1,8 @@
 // kvcanary verify kernel (SPEC §7). CPU twin: kvcanary/ops/reference/verify.py; launcher: kvcanary/ops/cuda/verify.py.
 //
 // Specializations: KVC_CHECK_TOKEN (check_verify_expected_token), KVC_HAS_REAL_KV (fingerprint real KV;
-// 0 = NONE mode or no sources, the fingerprint is 0).
+// 0 = NONE mode or no sources, the fingerprint is 0). One parameter: KvcVerifyParams (up to four real-KV
+// sources by value: SGLang's ABI).
 //
 // Design: a fixed persistent grid (sized from the capacity and the SM count, never from the active
 // count) strides over the entries; the active count and `enable` are read on the device. Each thread
@@ -13,8 +14,9 @@
 // warp and step, rows in lane order.
 //
 // Bounds (SPEC §9), as the reference: slot 0 is skipped; an entry whose slot is outside [0, num_slots)
-// or whose prev is >= num_slots gets the single row (tag, slot, expected_position, -1, expected_token or
-// -1, 0, prev, SLOT_OUT_OF_RANGE) and neither record is read; a negative prev is a chain head.
+// (or, when real KV is folded, not covered by every source: slot >= slot_limit) or whose prev is
+// >= num_slots gets the single row (tag, slot, expected_position, -1, expected_token or -1, 0, prev,
+// SLOT_OUT_OF_RANGE) and no record is read; a negative prev is a chain head.
 
 #include "common.cuh"
 
@@ -31,66 +33,40 @@
 // as this many blocks per SM (capped by the capacity).
 #define KVC_VERIFY_BLOCKS_PER_SM 4
 #define KVC_VERIFY_BLOCKS_PER_SM_REAL_KV 3
-#if KVC_HAS_REAL_KV
-#define KVC_VERIFY_MIN_BLOCKS KVC_VERIFY_BLOCKS_PER_SM_REAL_KV
-#else
-#define KVC_VERIFY_MIN_BLOCKS KVC_VERIFY_BLOCKS_PER_SM
-#endif
 #define KVC_VERIFY_UNROLL 2
 
-// Fields 0..3 of a record (through the read-only path: verify never writes the canary buffer).
-__device__ __forceinline__ void kvc_load_record(const unsigned char* canary, kvc_i64 slot, kvc_i64 stride, bool vec16,
-                                                kvc_i64& token, kvc_i64& position, kvc_i64& prev_hash,
-                                                kvc_i64& real_kv_hash) {
-    const kvc_i64* rec = reinterpret_cast<const kvc_i64*>(canary + (kvc_u64)slot * (kvc_u64)stride);
-    if (vec16) {
-        const longlong2 a = __ldg(reinterpret_cast<const longlong2*>(rec));
-        const longlong2 b = __ldg(reinterpret_cast<const longlong2*>(rec) + 1);
-        token = a.x;
-        position = a.y;
-        prev_hash = b.x;
-        real_kv_hash = b.y;
-    } else {
-        token = __ldg(rec + FIELD_TOKEN);
-        position = __ldg(rec + FIELD_POSITION);
-        prev_hash = __ldg(rec + FIELD_PREV_HASH);
-        real_kv_hash = __ldg(rec + FIELD_REAL_KV_HASH);
-    }
-}
+namespace kvc {
+constexpr int kVerifyMinBlocks = KVC_HAS_REAL_KV ? KVC_VERIFY_BLOCKS_PER_SM_REAL_KV : KVC_VERIFY_BLOCKS_PER_SM;
+}  // namespace kvc
 
 // Fields 0..2 of the predecessor's record (all slot_hash needs).
 __device__ __forceinline__ void kvc_load_chain_fields(const unsigned char* canary, kvc_i64 slot, kvc_i64 stride,
                                                       bool vec16, kvc_i64& token, kvc_i64& position,
                                                       kvc_i64& prev_hash) {
-    const kvc_i64* rec = reinterpret_cast<const kvc_i64*>(canary + (kvc_u64)slot * (kvc_u64)stride);
+    const kvc_i64* rec = kvc_record(canary, slot, stride);
     if (vec16) {
         const longlong2 a = __ldg(reinterpret_cast<const longlong2*>(rec));
         token = a.x;
         position = a.y;
     } else {
-        token = __ldg(rec + FIELD_TOKEN);
-        position = __ldg(rec + FIELD_POSITION);
+        token = __ldg(rec + kvc::FIELD_TOKEN);
+        position = __ldg(rec + kvc::FIELD_POSITION);
     }
-    prev_hash = __ldg(rec + FIELD_PREV_HASH);
+    prev_hash = __ldg(rec + kvc::FIELD_PREV_HASH);
 }
 
-extern "C" __global__ void __launch_bounds__(KVC_VERIFY_THREADS, KVC_VERIFY_MIN_BLOCKS)
-kvc_verify(const unsigned char* __restrict__ canary, kvc_i64 num_slots, kvc_i64 slot_stride, kvc_i64* ring,
-           int* write_index, kvc_i64 ring_capacity, kvc_i64 tag, kvc_i64* slot_run_counter,
-           kvc_i64* kernel_run_counter, const kvc_i64* __restrict__ slot_indices,
-           const kvc_i64* __restrict__ expected_tokens, const kvc_i64* __restrict__ expected_positions,
-           const kvc_i64* __restrict__ prev_slot_indices, const int* __restrict__ num_valid,
-           const int* __restrict__ enable, kvc_i64 capacity, KVC_REAL_KV_PARAMS) {
-    const KvcLog log = {ring, write_index, ring_capacity, tag};
-#if KVC_HAS_REAL_KV
-    const KvcRealKv kv = kvc_make_real_kv(KVC_REAL_KV_ARGS);
-#endif
+extern "C" __global__ void __launch_bounds__(KVC_VERIFY_THREADS, kvc::kVerifyMinBlocks)
+kvc_verify(const __grid_constant__ KvcVerifyParams p) {
+    const KvcContextParams& c = p.ctx;
+    const KvcLog log = kvc_log_of(c);
+    const unsigned char* canary = c.canary;
+    const kvc_i64 stride = c.slot_stride, num_slots = c.num_slots, slot_limit = c.slot_limit;
     const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
-    if (leader) atomicAdd(reinterpret_cast<unsigned long long*>(kernel_run_counter), 1ULL);
-    if (*enable == 0) return;
-    const kvc_i64 n = kvc_max64(0, kvc_min64((kvc_i64)*num_valid, capacity));
-    if (leader && n > 0) atomicAdd(reinterpret_cast<unsigned long long*>(slot_run_counter), (unsigned long long)n);
-    const bool vec16 = (((kvc_u64)canary | (kvc_u64)slot_stride) & 15) == 0;
+    if (leader) kvc_counter_add(c.kernel_run_counter, 1);
+    if (*p.enable == 0) return;
+    const kvc_i64 n = kvc_max64(0, kvc_min64((kvc_i64)*p.num_valid, p.capacity));
+    if (leader && n > 0) kvc_counter_add(c.slot_run_counter, n);
+    const bool vec16 = kvc_records_vec16(canary, stride);
     const kvc_i64 step = (kvc_i64)gridDim.x * blockDim.x * KVC_VERIFY_UNROLL;
 
     for (kvc_i64 base = (kvc_i64)blockIdx.x * blockDim.x * KVC_VERIFY_UNROLL + threadIdx.x; base < n + threadIdx.x;
@@ -104,17 +80,17 @@ kvc_verify(const unsigned char* __restrict__ canary, kvc_i64 num_slots, kvc_i64 
 #pragma unroll
         for (int u = 0; u < KVC_VERIFY_UNROLL; ++u) {
             const kvc_i64 e = base + (kvc_i64)u * blockDim.x;
-            slot[u] = TOKEN_TO_KV_SLOT_PADDING;  // lanes past the end act as skipped entries
+            slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;  // lanes past the end act as skipped entries
             prev[u] = exp_pos[u] = 0;
 #if KVC_CHECK_TOKEN
             exp_tok[u] = 0;
 #endif
             if (e < n) {
-                slot[u] = slot_indices[e];
-                prev[u] = prev_slot_indices[e];
-                exp_pos[u] = expected_positions[e];
+                slot[u] = p.slot_indices[e];
+                prev[u] = p.prev_slot_indices[e];
+                exp_pos[u] = p.expected_positions[e];
 #if KVC_CHECK_TOKEN
-                exp_tok[u] = expected_tokens[e];
+                exp_tok[u] = p.expected_tokens[e];
 #endif
             }
         }
@@ -123,12 +99,12 @@ kvc_verify(const unsigned char* __restrict__ canary, kvc_i64 num_slots, kvc_i64 
         bool live[KVC_VERIFY_UNROLL], oor[KVC_VERIFY_UNROLL];
 #pragma unroll
         for (int u = 0; u < KVC_VERIFY_UNROLL; ++u) {
-            live[u] = slot[u] != TOKEN_TO_KV_SLOT_PADDING;
-            oor[u] = live[u] && kvc_verify_out_of_range(slot[u], prev[u], num_slots);
+            live[u] = slot[u] != kvc::TOKEN_TO_KV_SLOT_PADDING;
+            oor[u] = live[u] && kvc_verify_out_of_range(slot[u], prev[u], num_slots, slot_limit);
             tok[u] = pos[u] = hash[u] = rkv[u] = p_tok[u] = p_pos[u] = p_hash[u] = 0;
             if (live[u] && !oor[u]) {
-                kvc_load_record(canary, slot[u], slot_stride, vec16, tok[u], pos[u], hash[u], rkv[u]);
-                if (prev[u] > 0) kvc_load_chain_fields(canary, prev[u], slot_stride, vec16, p_tok[u], p_pos[u], p_hash[u]);
+                kvc_load_record_ro(canary, slot[u], stride, vec16, tok[u], pos[u], hash[u], rkv[u]);
+                if (prev[u] > 0) kvc_load_chain_fields(canary, prev[u], stride, vec16, p_tok[u], p_pos[u], p_hash[u]);
             }
         }
 #pragma unroll
@@ -136,31 +112,32 @@ kvc_verify(const unsigned char* __restrict__ canary, kvc_i64 num_slots, kvc_i64 
 #if KVC_CHECK_TOKEN
             const kvc_i64 reported_tok = exp_tok[u];
 #else
-            const kvc_i64 reported_tok = NO_SLOT;
+            const kvc_i64 reported_tok = kvc::NO_SLOT;
 #endif
             kvc_i64 bits = 0, expected_chain = 0;
             if (live[u] && !oor[u]) {
                 // prev 0: unknown predecessor, no chain check; prev < 0: chain head (anchor).
-                expected_chain = prev[u] == TOKEN_TO_KV_SLOT_PADDING ? hash[u]
+                expected_chain = prev[u] == kvc::TOKEN_TO_KV_SLOT_PADDING ? hash[u]
                                  : prev[u] < 0 ? (kvc_i64)kvc_anchor_hash()
                                                : (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
-                if (prev[u] != TOKEN_TO_KV_SLOT_PADDING && hash[u] != expected_chain) bits |= VERIFY_CHAIN_HASH_MISMATCH;
+                if (prev[u] != kvc::TOKEN_TO_KV_SLOT_PADDING && hash[u] != expected_chain)
+                    bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
 #if KVC_CHECK_TOKEN
-                if (exp_tok[u] != NO_SLOT && tok[u] != exp_tok[u]) bits |= VERIFY_TOKEN_MISMATCH;
+                if (exp_tok[u] != kvc::NO_SLOT && tok[u] != exp_tok[u]) bits |= kvc::VERIFY_TOKEN_MISMATCH;
 #endif
-                if (pos[u] != exp_pos[u]) bits |= VERIFY_POSITION_MISMATCH;
+                if (pos[u] != exp_pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
 #if KVC_HAS_REAL_KV
-                const kvc_i64 fingerprint = (kvc_i64)kvc_fingerprint(kv, slot[u]);
+                const kvc_i64 fingerprint = (kvc_i64)kvc_fingerprint4(p.rkv, slot[u]);
 #else
                 const kvc_i64 fingerprint = 0;
 #endif
-                if (rkv[u] != fingerprint) bits |= VERIFY_REAL_KV_HASH_MISMATCH;
+                if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
             }
             // One call for every lane (the append is warp-collective).
             const bool want = oor[u] || bits != 0;
-            kvc_append_row_warp(log, want, slot[u], oor[u] ? exp_pos[u] : pos[u], oor[u] ? (kvc_i64)NO_SLOT : tok[u],
+            kvc_append_row_warp(log, want, slot[u], oor[u] ? exp_pos[u] : pos[u], oor[u] ? kvc::NO_SLOT : tok[u],
                                 reported_tok, oor[u] ? 0 : hash[u], oor[u] ? prev[u] : expected_chain,
-                                oor[u] ? (kvc_i64)SLOT_OUT_OF_RANGE : bits);
+                                oor[u] ? (kvc_i64)kvc::SLOT_OUT_OF_RANGE : bits);
         }
     }
 }

@@ -13,6 +13,12 @@ class CudaBackendUnavailableError(RuntimeError):
     """Arrays live on a CUDA device but the CUDA backend (CuPy) cannot be used."""
 
 
+class RealKvSourcesNotPreparedError(RuntimeError):
+    """A plan-free CUDA launch inside a CUDA-graph capture needs a real-KV descriptor table that does not exist
+    yet (building one allocates); run the op once, or ``kvcanary.ops.cuda.backend.prepare_real_kv_sources``,
+    before capturing."""
+
+
 def invalid(message: str) -> ValueError:
     """A ``ValueError`` with the ``kv-canary:`` prefix."""
     return ValueError(PREFIX + message)

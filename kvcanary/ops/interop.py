@@ -48,7 +48,7 @@ class Device(NamedTuple):
     """Where an array lives: ``kind`` is ``"cpu"`` or ``"cuda"``; ``index`` is the CUDA ordinal (-1 on CPU)."""
 
     kind: str
-    index: int = -1
+    index: int = -1  # type: ignore[assignment]  # shadows tuple.index, which nothing here calls
 
     def __str__(self) -> str:
         return "cpu" if self.kind == "cpu" else f"cuda:{self.index}"
@@ -115,7 +115,8 @@ class ArrayView(NamedTuple):
         if 0 in shape:
             return np.empty(shape, dtype=np_dtype)
         span = sum((n - 1) * st for n, st in zip(shape, byte_strides)) + np_dtype.itemsize
-        raw = np.frombuffer((ctypes.c_char * span).from_address(self.ptr), dtype=np.uint8)
+        # A ctypes array is a buffer (its stubs do not say so).
+        raw = np.frombuffer((ctypes.c_char * span).from_address(self.ptr), dtype=np.uint8)  # type: ignore[call-overload]
         if np_dtype.itemsize > 1:
             raw = raw[: span - span % np_dtype.itemsize].view(np_dtype)
         return np.lib.stride_tricks.as_strided(raw, shape=shape, strides=byte_strides)
@@ -231,6 +232,10 @@ def stream_handle(stream: Any, device: Device) -> int:
     if stream is None:
         import torch
 
+        # The raw handle without building a torch.cuda.Stream object (what torch's own compiled code uses).
+        get_raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if get_raw is not None:
+            return int(get_raw(device.index))
         return int(torch.cuda.current_stream(device.index).cuda_stream)
     if hasattr(stream, "__cuda_stream__"):
         proto = stream.__cuda_stream__

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kvcanary as kc
-from kvcanary.consts import CanaryLaunchTag
+from kvcanary.consts import CanaryLaunchTag, RealKvHashMode
 from support.gpu_util import (
     LogState,
     assert_same_bytes,
@@ -238,3 +238,176 @@ def test_arrays_device_not_current_device(cuda_ready, data_dev, current_dev):
     torch.cuda.synchronize(data_dev)
     rows = compare_logs(cpu_log, gpu_log)
     assert rows > 0
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Plan-free ops (SPEC §11, §12) in a CUDA graph, after torch.cuda.empty_cache(), and the real-KV tables.
+
+
+def _decode_setup(rng, *, bs, max_seq_len, pool_bytes=64):
+    """A decode loop over a req_to_token table (unique slots), K and V contexts with a PARTIAL real-KV source
+    each (their own pools), one shared log; prefixes stamped clean."""
+    from support.gpu_util import fingerprints, make_source
+
+    max_reqs = bs + 1
+    num_slots = max_reqs * max_seq_len + 1
+    rp = rng.permutation(np.arange(1, max_reqs))
+    r2t = np.zeros((max_reqs, max_seq_len), np.int64)
+    r2t[1:] = (1 + rng.permutation(num_slots - 1)[: bs * max_seq_len]).reshape(bs, max_seq_len)
+    prefix0 = rng.integers(1, max_seq_len // 2, bs)
+    toks = rng.integers(0, 1 << 30, (max_reqs, max_seq_len))
+    log = make_log(rng, 4096)
+    host = dict(rp=t(rp), prefix=t(prefix0), extend=torch.ones(bs, dtype=torch.int64), r2t=t(r2t.astype(np.int32)),
+                pool=t(toks.astype(np.int32)), valid=t(prefix0), invalid=torch.zeros(1, dtype=torch.int32),
+                ids=torch.zeros(bs, dtype=torch.int64), pos=torch.zeros(bs, dtype=torch.int64),
+                loc=torch.zeros(bs, dtype=torch.int64), flag=torch.ones(1, dtype=torch.int32),
+                ring=log.ring, index=log.index, slot_counter=log.slot_counter, kernel_counter=log.kernel_counter)
+    sources = {}
+    for kv in ("k", "v"):
+        src = make_source(rng, num_slots, page_size=1, num_bytes_per_token=pool_bytes, read_bytes=pool_bytes)
+        canary = torch.zeros((num_slots, 32), dtype=torch.uint8)
+        fp = fingerprints([src], RealKvHashMode.PARTIAL, np.arange(num_slots))
+        build_chains(canary.numpy().view(np.int64), [r2t[r, :p] for r, p in zip(rp, prefix0)],
+                     [toks[r, :p] for r, p in zip(rp, prefix0)], fp)
+        host[f"canary_{kv}"], host[f"kv_{kv}"] = canary, src.base
+        sources[kv] = src
+
+    def step_inputs(i: int) -> dict:
+        prefix = prefix0 + i
+        ids = toks[rp, prefix]
+        if i == 3:
+            ids = ids.copy()
+            ids[::5] += 1  # tokens that differ from the expected-token pool: verify reports them next step
+        return dict(prefix=t(prefix), valid=t(prefix), pos=t(prefix), ids=t(ids), loc=t(r2t[rp, prefix]))
+
+    return host, sources, step_inputs
+
+
+class TableEngine:
+    """One canary's buffers on one device, stepping with the plan-free ops (K and V in one launch each)."""
+
+    def __init__(self, host: dict, sources: dict, device: str):
+        self.t = {k: v.to(device).clone() for k, v in host.items()}
+        d = self.t
+        self.log = LogState(d["ring"], d["index"], d["slot_counter"], d["kernel_counter"])
+        self.contexts = tuple(
+            context(d[f"canary_{kv}"], self.log, tag=int(CanaryLaunchTag.TAIL_K_FULL) + i, sources=[sources[kv]],
+                    source_bases=[d[f"kv_{kv}"]], mode=RealKvHashMode.PARTIAL, flag=d["flag"])
+            for i, kv in enumerate(("k", "v")))
+
+    def refill(self, step: dict) -> None:
+        for k, v in step.items():
+            self.t[k].copy_(v)
+
+    def step(self) -> None:
+        d = self.t
+        kc.launch_canary_verify_from_table(
+            contexts=self.contexts, req_pool_indices=d["rp"], prefix_lens=d["prefix"], req_to_token=d["r2t"],
+            req_to_verify_expected_tokens=d["pool"], req_to_verify_expected_tokens_valid_lens=d["valid"],
+            check_verify_expected_token=True, invalid_rows_out=d["invalid"])
+        kc.launch_canary_write_from_table(
+            contexts=self.contexts, req_pool_indices=d["rp"], prefix_lens=d["prefix"], extend_seq_lens=d["extend"],
+            req_to_token=d["r2t"], input_ids=d["ids"], positions=d["pos"], out_cache_loc=d["loc"],
+            invalid_rows_out=d["invalid"])
+
+
+def test_verify_table_write_table_graph_replay_equals_eager(cuda_ready):
+    from kvcanary.ops.cuda.backend import prepare_real_kv_sources
+
+    rng = rng_for("table-graph")
+    steps = 12
+    host, sources, step_inputs = _decode_setup(rng, bs=40, max_seq_len=64)
+    graph_eng, eager_eng = TableEngine(host, sources, "cuda"), TableEngine(host, sources, "cuda")
+    graph_eng.refill(step_inputs(0))
+    prepare_real_kv_sources(graph_eng.contexts)  # the capture must not build descriptor tables
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        graph_eng.step()
+    torch.cuda.synchronize()
+    for k in ("canary_k", "canary_v", "index"):
+        assert_same_bytes(host[k], graph_eng.t[k], f"{k} after capture (capture launches nothing)")
+    cpu_eng = TableEngine(host, sources, "cpu")
+    for i in range(steps):
+        graph_eng.refill(step_inputs(i))
+        g.replay()
+        eager_eng.refill(step_inputs(i))
+        eager_eng.step()
+        cpu_eng.refill(step_inputs(i))
+        cpu_eng.step()
+        torch.cuda.synchronize()
+        for k in host:
+            if k != "ring":
+                assert_same_bytes(eager_eng.t[k], graph_eng.t[k], f"step {i}: {k} (graph vs eager)")
+                assert_same_bytes(cpu_eng.t[k], graph_eng.t[k], f"step {i}: {k} (graph vs CPU reference)")
+        compare_logs(eager_eng.log, graph_eng.log)
+        compare_logs(cpu_eng.log, LogState(*(x.cpu() for x in (graph_eng.log.ring, graph_eng.log.index,
+                                                                 graph_eng.log.slot_counter,
+                                                                 graph_eng.log.kernel_counter))))
+    assert int(graph_eng.t["kernel_counter"][0]) == int(host["kernel_counter"][0]) + 4 * steps
+    assert int(graph_eng.t["index"][0]) > 0  # the injected token mismatches were reported
+
+
+def test_capture_without_real_kv_tables_raises_then_prepare_works(cuda_ready):
+    from kvcanary.ops.cuda import launch as cuda_launch
+    from kvcanary.ops.cuda.backend import RealKvSourcesNotPreparedError, prepare_real_kv_sources
+    from kvcanary.ops.validation import context_views
+
+    rng = rng_for("table-not-prepared")
+    host, sources, step_inputs = _decode_setup(rng, bs=8, max_seq_len=32, pool_bytes=48)
+    eng = TableEngine(host, sources, "cuda")
+    eng.refill(step_inputs(0))
+    for c in eng.contexts:  # a fresh allocation may reuse an address an earlier test built a table for
+        cuda_launch._tables.pop((torch.cuda.current_device(), cuda_launch.source_descriptors(context_views(c))), None)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RealKvSourcesNotPreparedError, match="prepare_real_kv_sources"), torch.cuda.graph(g):
+        eng.step()
+    del g
+    torch.cuda.synchronize()
+    assert_same_bytes(host["canary_k"], eng.t["canary_k"], "nothing ran")
+    prepare_real_kv_sources(eng.contexts)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        eng.step()
+    ref = TableEngine(host, sources, "cpu")
+    ref.refill(step_inputs(0))
+    g.replay()
+    ref.step()
+    torch.cuda.synchronize()
+    for k in ("canary_k", "canary_v", "index", "slot_counter", "kernel_counter"):
+        assert_same_bytes(ref.t[k], eng.t[k], k)
+
+
+def test_launch_after_empty_cache_with_reallocated_tensors(cuda_ready):
+    """Cached per-context words and descriptor tables never outlive what they describe: new tensors (possibly
+    at the old addresses) after torch.cuda.empty_cache() give the reference's results."""
+    rng = rng_for("empty-cache")
+    for round_ in range(3):
+        host, sources, step_inputs = _decode_setup(rng, bs=16, max_seq_len=48)
+        eng, ref = TableEngine(host, sources, "cuda"), TableEngine(host, sources, "cpu")
+        for i in range(2):
+            for e in (eng, ref):
+                e.refill(step_inputs(i))
+                e.step()
+        # The SGLang-named verify on the same contexts, through a plan.
+        for e, dev in ((eng, "cuda"), (ref, "cpu")):
+            d = e.t
+            vp = kc.VerifyPlan.allocate(verify_capacity=16 * 48, device=dev)
+            wp = kc.WritePlan.allocate(write_req_capacity=16, device=dev)
+            kc.launch_canary_plan_kernels(
+                verify_plan_out=vp, write_plan_out=wp, req_pool_indices=d["rp"], prefix_lens=d["prefix"],
+                extend_seq_lens=d["extend"], req_to_token=d["r2t"], swa_window_size=0, full_to_swa_index_mapping=None,
+                verify_capacity=16 * 48, req_to_verify_expected_tokens=None,
+                req_to_verify_expected_tokens_valid_lens=None, kv_token_id_vs_position_offset=0)
+            for c in e.contexts:
+                kc.launch_canary_verify_kernel(context=c, plan=vp, check_verify_expected_token=False)
+        torch.cuda.synchronize()
+        for k in host:
+            if k != "ring":
+                assert_same_bytes(ref.t[k], eng.t[k], f"round {round_}: {k}")
+        compare_logs(ref.log, LogState(*(x.cpu() for x in (eng.log.ring, eng.log.index, eng.log.slot_counter,
+                                                             eng.log.kernel_counter))))
+        del eng
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
 """Plan (SPEC §5) on the GPU vs the CPU reference, byte for byte, on fresh random batches.
 
-Covers every batch size of issue 3 (1, 31, 32, 33, 1024, 4096, 4097, 20000 rows, each in one launch),
+Covers the batch sizes 1, 31, 32, 33, 1024, 4096, 4097 and 20000 rows (each in one launch),
 every specialization (LUT, expected-token pool), capacity edges (exact fit, overflow), the bounds rule
 (out-of-range pool indices, prefixes past the row, LUT misses) and a plan of more than 4,000,000 entries.
 """
@@ -161,3 +161,48 @@ def test_plan_four_million_entries(cuda_ready):
         assert total >= 4_000_000
     out = run_and_compare(inputs, outputs, scalars)
     assert int(out["verify_num_valid"][0]) == total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Paged tables and padding rows (SPEC §10)
+
+
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+@pytest.mark.parametrize("pad_row", [0, -1])
+def test_plan_block_table_matches_reference_and_req_to_token(cuda_ready, block_size, pad_row):
+    """The plan from a block table equals the CPU reference and the plan from the req_to_token it expands to,
+    byte for byte (outputs poisoned), with padding rows, invalid rows, bad block ids, SWA + LUT and expected
+    tokens."""
+    from support.table_cases import make_table_batch, to_device
+
+    rng = rng_for("plan-paged", block_size, pad_row)
+    b = make_table_batch(rng, block_size=block_size, max_blocks=max(2, 256 // block_size), pad_row=pad_row,
+                         window=int(rng.choice([0, 11])), token_offset=int(rng.integers(0, 2)), n_active=12,
+                         max_reqs=16)
+    cap = 1 + int(b.prefix_lens.clamp(min=0).sum())
+    poison = dict(
+        verify_slot_indices=random_bytes(rng, (cap,), torch.int64),
+        verify_expected_tokens=random_bytes(rng, (cap,), torch.int64),
+        verify_expected_positions=random_bytes(rng, (cap,), torch.int64),
+        verify_prev_slot_indices=random_bytes(rng, (cap,), torch.int64),
+        verify_num_valid=random_bytes(rng, (1,), torch.int32), enable=random_bytes(rng, (1,), torch.int32),
+        write_offsets=random_bytes(rng, (b.bs + 3,), torch.int64),
+        write_seed_slot_indices=random_bytes(rng, (b.bs + 2,), torch.int64),
+        write_num_valid_reqs=random_bytes(rng, (1,), torch.int32), invalid=random_bytes(rng, (1,), torch.int32))
+    outs = []
+    for dev, paged in (("cpu", True), ("cuda", True), ("cuda", False)):
+        bb, o = to_device((b, poison), dev)
+        vp = kc.VerifyPlan(verify_slot_indices=o["verify_slot_indices"], verify_expected_tokens=o["verify_expected_tokens"],
+                           verify_expected_positions=o["verify_expected_positions"],
+                           verify_prev_slot_indices=o["verify_prev_slot_indices"],
+                           verify_num_valid=o["verify_num_valid"], enable=o["enable"])
+        wp = kc.WritePlan(write_offsets=o["write_offsets"], write_seed_slot_indices=o["write_seed_slot_indices"],
+                          write_num_valid_reqs=o["write_num_valid_reqs"])
+        kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=wp, verify_capacity=cap,
+                                      invalid_rows_out=o["invalid"], **bb.plan_kwargs(paged))
+        outs.append(o)
+    torch.cuda.synchronize()
+    for name in poison:
+        assert_same_bytes(outs[0][name], outs[1][name], f"{name} (cpu vs cuda, block table)")
+        assert_same_bytes(outs[1][name], outs[2][name], f"{name} (block table vs req_to_token)")
+    assert int(outs[0]["enable"][0]) == 1 and int(outs[0]["invalid"][0]) >= 2

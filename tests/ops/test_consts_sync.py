@@ -1,8 +1,9 @@
 """kernels_cu/consts.cuh and kvcanary/consts.py define the same constants (SPEC §2: once per language).
 
-The header is parsed, not compiled: every ``#define NAME value`` must equal ``kvcanary.consts.NAME`` and every
-member of every ``enum`` must equal the Python enum member of the same name (header members of
-``RealKvHashMode`` carry a ``REAL_KV_`` prefix). Both directions are checked.
+The header is parsed, not compiled: every ``constexpr <type> NAME = value;`` must equal ``kvcanary.consts.NAME``
+and every member of every ``enum`` must equal the Python enum member of the same name (header members of
+``RealKvHashMode`` carry a ``REAL_KV_`` prefix). Both directions are checked. The header keeps no ``#define``
+(kernel code names its constants in namespace ``kvc``); a ``#define`` in it fails the check.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ def _strip_comments(src: str) -> str:
 def parse_header(path: Path = HEADER) -> tuple[dict[str, int], dict[str, dict[str, int]]]:
     src = _strip_comments(path.read_text())
     defines = {}
-    define_lines = [ln for ln in src.splitlines() if ln.strip().startswith("#define")]
-    for ln in define_lines:
-        m = re.fullmatch(r"\s*#define\s+([A-Za-z_]\w*)\s+(.+?)\s*", ln)
-        assert m, f"unparsable #define: {ln!r}"
+    assert not [ln for ln in src.splitlines() if ln.strip().startswith("#define")], "consts.cuh has a #define"
+    const_lines = [ln for ln in src.splitlines() if ln.strip().startswith("constexpr")]
+    for ln in const_lines:
+        m = re.fullmatch(r"\s*constexpr\s+(?:unsigned\s+|signed\s+)?(?:long\s+long|long|int|short|char)\s+"
+                         r"([A-Za-z_]\w*)\s*=\s*(.+?)\s*;\s*", ln)
+        assert m, f"unparsable constexpr: {ln!r}"
         defines[m.group(1)] = _int(m.group(2))
     enums = {}
     for m in re.finditer(r"enum\s+(?:class\s+)?([A-Za-z_]\w*)\s*(?::\s*\w+\s*)?\{(.*?)\}\s*;", src, flags=re.S):
@@ -79,7 +82,7 @@ def test_header_parsed():
 
 @pytest.mark.parametrize("name", sorted(DEFINES))
 def test_define_matches_python(name):
-    assert hasattr(consts, name), f"{name} is #defined in consts.cuh but missing from kvcanary.consts"
+    assert hasattr(consts, name), f"{name} is defined in consts.cuh but missing from kvcanary.consts"
     assert getattr(consts, name) == DEFINES[name]
 
 
@@ -125,7 +128,8 @@ def test_parser_catches_drift(tmp_path):
     """The parser itself: a changed value or a missing member in a copy of the header is seen."""
     text = HEADER.read_text()
     bad = tmp_path / "consts.cuh"
-    bad.write_text(text.replace("#define VIOLATION_FIELDS 8", "#define VIOLATION_FIELDS 9")
+    assert "constexpr int VIOLATION_FIELDS = 8;" in text and "    REAL_KV_ALL = 2,\n" in text
+    bad.write_text(text.replace("constexpr int VIOLATION_FIELDS = 8;", "constexpr int VIOLATION_FIELDS = 9;")
                    .replace("    REAL_KV_ALL = 2,\n", ""))
     defines, enums = parse_header(bad)
     assert defines["VIOLATION_FIELDS"] == 9 != consts.VIOLATION_FIELDS

@@ -14,8 +14,12 @@ inputs:
 * plan arithmetic and bounds decisions (``kvc_plan_row_valid/active``, ``kvc_window_start``,
   ``kvc_verify_len``, ``kvc_write_len``, ``kvc_has_seed``, ``kvc_translate``, ``kvc_expected_token_ok``)
   against what ``kvcanary.ops.reference.plan`` writes for random batches;
-* ``kvc_verify_out_of_range`` and ``kvc_write_range_bad`` against the ``SLOT_OUT_OF_RANGE`` rows of the
-  reference verify and write; ``kvc_ring_index_ok``, ``kvc_max64``, ``kvc_min64`` against SPEC §4 / Python.
+* ``kvc_verify_out_of_range`` (with and without a real-KV coverage limit) and ``kvc_write_range_bad`` against
+  the ``SLOT_OUT_OF_RANGE`` rows of the reference verify and write; ``kvc_ring_index_ok``, ``kvc_max64``,
+  ``kvc_min64`` against SPEC §4 / Python;
+* the row rules with ``pad_row`` (``kvc_row_valid/active``) and the paged ``RT()`` (``kvc_divmod``,
+  ``kvc_rt_paged``) against ``kvcanary.ops.reference.table``; the records' per-entry decisions
+  (``kvc_record_slot_status``, ``kvc_copy_status``) against the reference gather and copy.
 
 ``kvc_source_hash`` and ``kvc_fingerprint`` themselves are device-only (they load through ``__ldg``); their
 composition is covered by the GPU differential tests. Skipped only when no C++ compiler is found (a failure
@@ -113,10 +117,10 @@ int main(int argc, char** argv) {
         else if (o == "ring") { i64 i = rd_i(), c = rd_i(); std::printf("%d\n", (int)kvc_ring_index_ok(i, c)); }
         else if (o == "max") { i64 a = rd_i(), b = rd_i(); std::printf("%lld\n", kvc_max64(a, b)); }
         else if (o == "min") { i64 a = rd_i(), b = rd_i(); std::printf("%lld\n", kvc_min64(a, b)); }
-        else if (o == "row") {  // row rp prefix extend max_reqs max_seq_len window
-            i64 rp = rd_i(), pre = rd_i(), ext = rd_i(), mr = rd_i(), ms = rd_i(), w = rd_i();
-            bool valid = kvc_plan_row_valid(rp, pre, mr, ms);
-            bool active = kvc_plan_row_active(rp, pre, mr, ms);
+        else if (o == "row") {  // row rp prefix extend max_reqs max_seq_len window pad_row
+            i64 rp = rd_i(), pre = rd_i(), ext = rd_i(), mr = rd_i(), ms = rd_i(), w = rd_i(), pad = rd_i();
+            bool valid = kvc_row_valid(rp, pre, mr, ms, pad);
+            bool active = kvc_row_active(rp, pre, mr, ms, pad);
             i64 vl = kvc_verify_len(active, pre, w);
             i64 wl = kvc_write_len(active, ext);
             std::printf("%d %d %lld %lld %lld %d\n", (int)valid, (int)active, kvc_window_start(pre, w), vl, wl,
@@ -124,7 +128,14 @@ int main(int argc, char** argv) {
         }
         else if (o == "tr") { i64 x = rd_i(), n = rd_i(), v = rd_i(); std::printf("%lld\n", kvc_translate(x, n, v)); }
         else if (o == "eok") { i64 q = rd_i(), v = rd_i(), m = rd_i(); std::printf("%d\n", (int)kvc_expected_token_ok(q, v, m)); }
-        else if (o == "voor") { i64 s = rd_i(), p = rd_i(), n = rd_i(); std::printf("%d\n", (int)kvc_verify_out_of_range(s, p, n)); }
+        else if (o == "voor") {
+            i64 s = rd_i(), p = rd_i(), n = rd_i(), lim = rd_i();
+            std::printf("%d\n", (int)kvc_verify_out_of_range(s, p, n, lim));
+        }
+        else if (o == "dm") { i64 a = rd_i(), b = rd_i(), q, r; kvc_divmod(a, b, q, r); std::printf("%lld %lld\n", q, r); }
+        else if (o == "rtp") { i64 blk = rd_i(), rem = rd_i(), bsz = rd_i(); std::printf("%lld\n", kvc_rt_paged(blk, rem, bsz)); }
+        else if (o == "rst") { i64 s = rd_i(), n = rd_i(); std::printf("%d\n", kvc_record_slot_status(s, n)); }
+        else if (o == "cst") { i64 a = rd_i(), b = rd_i(); std::printf("%d\n", kvc_copy_status((int)a, (int)b)); }
         else if (o == "wbad") { i64 s = rd_i(), e = rd_i(), n = rd_i(); std::printf("%d\n", (int)kvc_write_range_bad(s, e, n)); }
         else { std::fprintf(stderr, "harness: unknown op %s\n", op); return 2; }
     }
@@ -353,7 +364,7 @@ def test_plan_row_helpers_match_reference_plan(harness, window, with_pool):
         req_to_verify_expected_tokens=pool, req_to_verify_expected_tokens_valid_lens=lens,
         kv_token_id_vs_position_offset=offset, invalid_rows_out=invalid_rows)
 
-    out = harness.run([f"row {u(int(r))} {u(int(p))} {u(int(e))} {max_reqs} {max_seq_len} {window}"
+    out = harness.run([f"row {u(int(r))} {u(int(p))} {u(int(e))} {max_reqs} {max_seq_len} {window} 0"
                        for r, p, e in zip(rpi, prefix, extend)])
     rows = np.array([[int(x) for x in line.split()] for line in out], dtype=np.int64)
     valid, _active, wstart, vlen, wlen, has_seed = rows.T
@@ -428,7 +439,7 @@ def test_verify_out_of_range_matches_reference(harness):
     count = int(log.violation_write_index[0])
     ring = log.violation_ring.numpy()[:count]
     oor_entries = set(ring[ring[:, 7] == OOR][:, 2].tolist())
-    got = harness.ints([f"voor {u(int(s))} {u(int(p))} {num_slots}" for s, p in zip(slots, prev)])
+    got = harness.ints([f"voor {u(int(s))} {u(int(p))} {num_slots} {num_slots}" for s, p in zip(slots, prev)])
     # slot 0 entries are skipped before the bounds check, as in the kernels
     want = {e for e in range(n) if slots[e] != 0 and got[e]}
     assert oor_entries == want
@@ -469,3 +480,126 @@ def test_ring_index_and_min_max(harness):
     a, b = rand_i64(rng, 500), rand_i64(rng, 500)[::-1]
     assert harness.ints([f"max {u(x)} {u(y)}" for x, y in zip(a, b)]) == [max(x, y) for x, y in zip(a, b)]
     assert harness.ints([f"min {u(x)} {u(y)}" for x, y in zip(a, b)]) == [min(x, y) for x, y in zip(a, b)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Paged tables, padding rows, real-KV coverage and records against the reference
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _table(rng: np.random.Generator, max_reqs: int, cols: int, *, paged: bool, block_size: int, pad_row: int):
+    from kvcanary.ops.validation import table_views
+
+    a = rng.integers(0, 1 << 20, (max_reqs, cols))
+    a[rng.random(a.shape) < 0.2] = -rng.integers(1, 6)
+    arr = torch.from_numpy(a.astype(np.int32))
+    kw = dict(block_table=arr, block_size=block_size) if paged else dict(req_to_token=arr, block_size=None)
+    return table_views("test", req_to_token=kw.get("req_to_token"), block_table=kw.get("block_table"),
+                       block_size=kw["block_size"], pad_row=pad_row), arr.numpy()
+
+
+@pytest.mark.parametrize("pad_row", [0, -1, 3])
+def test_row_rules_match_reference_table(harness, pad_row):
+    from kvcanary.ops.reference.table import Table, classify_rows
+
+    rng = np.random.default_rng(300 + pad_row)
+    max_reqs, block_size = 7, 4
+    views, _ = _table(rng, max_reqs, 5, paged=True, block_size=block_size, pad_row=pad_row)
+    max_seq_len = views.max_seq_len
+    n = 600
+    rpi = rng.integers(-3, max_reqs + 3, n).astype(np.int64)
+    rpi[:4] = [pad_row, pad_row, -1, max_reqs]
+    prefix = rng.integers(-3, max_seq_len + 4, n).astype(np.int64)
+    prefix[:2] = [max_seq_len + 1, 1]  # a padding row with a prefix past the table is invalid
+    rows = classify_rows(Table(views), rpi, prefix)
+    out = harness.run([f"row {u(int(r))} {u(int(p))} 0 {max_reqs} {max_seq_len} 0 {u(pad_row)}"
+                       for r, p in zip(rpi, prefix)])
+    got = np.array([[int(x) for x in line.split()] for line in out], dtype=np.int64)
+    np.testing.assert_array_equal(got[:, 0].astype(bool), ~rows.invalid)
+    np.testing.assert_array_equal(got[:, 1].astype(bool), rows.active)
+    assert rows.invalid.any() and rows.active.any() and (~rows.active & ~rows.invalid).any()
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 16, 64, (1 << 32)])
+def test_paged_rt_matches_reference_table(harness, block_size):
+    from kvcanary.ops.reference.table import Table
+
+    rng = np.random.default_rng(400 + block_size % 1000)
+    max_reqs, cols = 6, 9
+    views, arr = _table(rng, max_reqs, cols, paged=True, block_size=block_size, pad_row=0)
+    n = 1500
+    rps = rng.integers(0, max_reqs, n)
+    ps = rng.integers(0, min(views.max_seq_len, 1 << 62), n, dtype=np.int64)
+    ps[:3] = [0, views.max_seq_len - 1, block_size - 1]
+    want = Table(views).rt(rps, ps)
+    dm = [[int(x) for x in line.split()] for line in harness.run([f"dm {int(p)} {block_size}" for p in ps])]
+    got = harness.ints([f"rtp {u(int(arr[r, q]))} {rem} {block_size}" for r, (q, rem) in zip(rps, dm)])
+    np.testing.assert_array_equal(np.array(got, dtype=np.int64), want)
+    assert (want == -1).any() and (want > 0).any()
+
+
+def test_divmod(harness):
+    rng = np.random.default_rng(17)
+    cases = [(int(a), int(b)) for a, b in zip(rng.integers(0, 1 << 40, 800), rng.integers(1, 1 << 20, 800))]
+    cases += [(int(a), int(b)) for a, b in zip(rng.integers(0, (1 << 63) - 1, 400, dtype=np.int64),
+                                                   rng.integers(1, (1 << 63) - 1, 400, dtype=np.int64))]
+    cases += [(0, 1), (5, 1), ((1 << 32) - 1, (1 << 32) - 1), (1 << 32, 1 << 32), ((1 << 32) + 7, 3), (7, 1 << 32)]
+    got = [tuple(int(x) for x in line.split()) for line in harness.run([f"dm {a} {b}" for a, b in cases])]
+    assert got == [divmod(a, b) for a, b in cases]
+
+
+@pytest.mark.parametrize("mode", [RealKvHashMode.NONE, RealKvHashMode.PARTIAL])
+def test_verify_out_of_range_with_source_coverage_matches_reference(harness, mode):
+    """An entry whose slot a folded source does not cover is reported like an out-of-range slot (SPEC §9)."""
+    from kvcanary.ops.reference.realkv import covered_slots
+
+    rng = np.random.default_rng(18 + int(mode))
+    num_slots, n = 64, 500
+    src = RealKvSource(tensor=torch.zeros((20, 2 * 16), dtype=torch.uint8), page_size=2, num_bytes_per_token=16,
+                       read_bytes=16)  # covers 40 slots
+    slots = rng.integers(-3, num_slots + 4, size=n).astype(np.int64)
+    prev = rng.integers(-3, num_slots + 4, size=n).astype(np.int64)
+    canary = allocate_canary_buffer(num_slots)
+    log = ViolationLog.allocate(ring_capacity=2 * n)
+    ctx = log.context(canary_buf=canary, kernel_kind=0, real_kv_sources=(src,), real_kv_hash_mode=mode)
+    limit = covered_slots(context_views(ctx))
+    assert limit == (40 if mode else num_slots)
+    plan = VerifyPlan.allocate(verify_capacity=n)
+    plan.verify_slot_indices.copy_(torch.from_numpy(slots))
+    plan.verify_prev_slot_indices.copy_(torch.from_numpy(prev))
+    plan.verify_expected_positions.copy_(torch.arange(n))
+    plan.verify_num_valid[0] = n
+    kvcanary.launch_canary_verify_kernel(context=ctx, plan=plan, check_verify_expected_token=False)
+    ring = log.violation_ring.numpy()[: int(log.violation_write_index[0])]
+    oor_entries = set(ring[ring[:, 7] == OOR][:, 2].tolist())
+    got = harness.ints([f"voor {u(int(s))} {u(int(p))} {num_slots} {limit}" for s, p in zip(slots, prev)])
+    assert oor_entries == {e for e in range(n) if slots[e] != 0 and got[e]}
+
+
+def test_record_and_copy_status_match_reference(harness):
+    """Gather's and copy's per-entry decisions (copied / skipped / counted) against the reference ops."""
+    rng = np.random.default_rng(19)
+    n_src, n_dst, n = 30, 20, 400
+    src_slots = rng.integers(-3, n_src + 3, n).astype(np.int64)
+    dst_slots = rng.permutation(np.concatenate([np.arange(n_dst), rng.integers(-3, 0, 100),
+                                                rng.integers(n_dst, n_dst + 3, n - n_dst - 100)])).astype(np.int64)
+    src_buf = torch.from_numpy(rng.integers(1, 255, (n_src, 32)).astype(np.uint8))
+    # gather
+    out = torch.full((n, 4), 7, dtype=torch.int64)
+    oor = torch.zeros(1, dtype=torch.int32)
+    kvcanary.gather_canary_records(canary_buf=src_buf, slots=torch.from_numpy(src_slots), records_out=out,
+                                   out_of_range_out=oor)
+    st = harness.ints([f"rst {u(int(s))} {n_src}" for s in src_slots])
+    copied = (out.numpy() != 0).any(axis=1)  # source records have no zero byte
+    np.testing.assert_array_equal(copied, np.array(st) == 1)
+    assert int(oor[0]) == sum(x == 2 for x in st)
+    # copy into a zeroed buffer: which destination records arrive, and the count
+    dst_buf = torch.zeros((n_dst, 32), dtype=torch.uint8)
+    kvcanary.copy_canary_records(src_canary_buf=src_buf, src_slots=torch.from_numpy(src_slots),
+                                 dst_slots=torch.from_numpy(dst_slots), dst_canary_buf=dst_buf, out_of_range_out=oor)
+    dst_st = harness.ints([f"rst {u(int(d))} {n_dst}" for d in dst_slots])
+    cst = harness.ints([f"cst {a} {b}" for a, b in zip(st, dst_st)])
+    assert int(oor[0]) == sum(x == 2 for x in cst)
+    arrived = {int(d) for d, c in zip(dst_slots, cst) if c == 1}
+    np.testing.assert_array_equal((dst_buf.numpy() != 0).any(axis=1), [s in arrived for s in range(n_dst)])
+    assert {0, 1, 2} <= set(cst)

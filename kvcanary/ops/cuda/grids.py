@@ -6,13 +6,13 @@ by a batch's contents, so one grid serves every batch of a capacity and a captur
 The kernels read their active counts on the device and stride over the rest.
 
 The launchers in this package and :class:`kvcanary.CanaryPlanner` (which reports the grids it will get)
-both use these functions. Importing this module does not import CuPy.
+both use these functions (cached: a launch looks its grid up). Importing this module does not import CuPy.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from kvcanary.ops.cuda.specs import int_define
 from kvcanary.ops.interop import import_cupy
@@ -38,6 +38,7 @@ def _persistent(work_items: int, items_per_block: int, blocks_per_sm: int, sms: 
     return max(1, min(need, blocks_per_sm * sms))
 
 
+@lru_cache(maxsize=1024)
 def plan_grids(verify_capacity: int, sms: int) -> dict[str, Grid]:
     """The plan's three launches: the verify-offset scan and the write metadata run in one block (they loop
     over tiles of rows); the entry kernel is a persistent grid over ``verify_capacity`` entries."""
@@ -48,6 +49,7 @@ def plan_grids(verify_capacity: int, sms: int) -> dict[str, Grid]:
     return {"verify_offsets": scan, "verify_entries": entries, "write_meta": scan}
 
 
+@lru_cache(maxsize=1024)
 def verify_grid(verify_capacity: int, has_real_kv: bool, sms: int) -> Grid:
     """Persistent grid over ``verify_capacity`` entries, ``KVC_VERIFY_UNROLL`` entries per thread per step."""
     threads = int_define("verify.cu", "KVC_VERIFY_THREADS")
@@ -56,12 +58,38 @@ def verify_grid(verify_capacity: int, has_real_kv: bool, sms: int) -> Grid:
     return Grid(_persistent(verify_capacity, per_block, per_sm, sms), threads)
 
 
+@lru_cache(maxsize=1024)
 def write_grid(write_req_capacity: int, sms: int) -> Grid:
     """One block walks one request's chain at a time; blocks stride over the request capacity."""
     return Grid(_persistent(write_req_capacity, 1, int_define("write.cu", "KVC_WRITE_BLOCKS_PER_SM"), sms),
                 int_define("write.cu", "KVC_WRITE_THREADS"))
 
 
+@cache
+def verify_table_grid(has_real_kv: bool, sms: int) -> Grid:
+    """Plan-free verify (SPEC §11): this many blocks per SM whatever the batch (every block walks the rows and
+    takes its chunks of the entries)."""
+    threads = int_define("verify_table.cu", "KVC_VT_THREADS")
+    per_sm = int_define("verify_table.cu", "KVC_VT_BLOCKS_PER_SM_REAL_KV" if has_real_kv else "KVC_VT_BLOCKS_PER_SM")
+    return Grid(max(1, per_sm * sms), threads)
+
+
+@cache
+def write_table_grid(sms: int) -> Grid:
+    """Plan-free write (SPEC §12): this many blocks per SM whatever the batch (short requests go to the grid's
+    warps, long ones to its blocks)."""
+    return Grid(max(1, int_define("write_table.cu", "KVC_WT_BLOCKS_PER_SM") * sms),
+                int_define("write_table.cu", "KVC_WT_THREADS"))
+
+
+@lru_cache(maxsize=1024)
+def records_grid(n: int, sms: int) -> Grid:
+    """Records gather / scatter / copy (SPEC §13): one entry per thread, a grid-stride loop over ``n``."""
+    threads = int_define("records.cu", "KVC_REC_THREADS")
+    return Grid(_persistent(n, threads, int_define("records.cu", "KVC_REC_BLOCKS_PER_SM"), sms), threads)
+
+
+@lru_cache(maxsize=1024)
 def scatter_grid(batch_rows: int, sms: int) -> Grid:
     """One block copies one row at a time; blocks stride over the batch rows (scatter is not captured)."""
     return Grid(_persistent(batch_rows, 1, int_define("scatter.cu", "KVC_SCATTER_BLOCKS_PER_SM"), sms),

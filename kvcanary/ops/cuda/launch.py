@@ -1,86 +1,304 @@
-"""Kernel arguments and the launch itself: on the arrays' device, on the caller's stream.
+"""Kernel arguments and the launch itself: on the arrays' device, on the caller's stream, cheaply.
 
-Kernel scalars are ``numpy.int64`` and pointers ``numpy.uint64`` (CuPy passes both by value, 8 bytes);
-absent optional arrays are null pointers. Every array was validated by :mod:`kvcanary.ops.validation`
-(dtype, shape, contiguity, device), which matters because a raw pointer carries none of that.
+Every kernel takes one parameter struct (:mod:`kvcanary.ops.cuda.params`). The per-context part of it (canary
+buffer, log, counters, tag, real-KV sources, the slot limit) is packed once per validated
+:class:`~kvcanary.ops.launches.ContextViews` (a frozen record: its addresses cannot change) and cached for as
+long as that record lives; the per-call part (batch arrays, plans) is packed on every call. A launch is one
+call of the kernel's ``cupy.cuda.function.Function`` with the raw stream handle: no per-launch CuPy stream or
+device context manager (the device is switched only when the current one differs).
+
+Real-KV sources (SPEC §3.1, §13). The SGLang-named kernels get up to four sources by value (a ``KvcRealKv4``);
+the plan-free kernels read a device descriptor table (int64 ``[n, 6]``: pointer, page size, bytes per token,
+row stride, bytes folded per slot, rows) that this module builds on first use and keeps, per device, keyed by the
+descriptors' *content* (so a table can never be stale, and one table serves every context with the same
+sources). Building one allocates and copies, which a CUDA-graph capture forbids: a launch whose table does not
+exist yet raises :class:`RealKvSourcesNotPreparedError` inside a capture; call :func:`prepare_real_kv_sources`
+(or run the op once) before capturing. Tables are never freed (a few hundred bytes each), so a captured graph
+that reads one stays valid. When a launch folds real KV, the context's ``slot_limit`` is the slots every source
+covers (``num_rows * page_size``, at most ``num_slots``; SPEC §9): the kernels report a slot beyond it like an
+out-of-range slot.
+
+Every array was validated by :mod:`kvcanary.ops.validation` (dtype, shape, contiguity, device), which matters
+because a raw pointer carries none of that.
 """
 
 from __future__ import annotations
 
-import warnings
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from kvcanary.consts import REAL_KV_LOAD_BYTES, RealKvHashMode
+from kvcanary.errors import RealKvSourcesNotPreparedError, invalid
+from kvcanary.ops.cuda import params as P
 from kvcanary.ops.interop import ArrayView, Device, import_cupy, stream_handle
-from kvcanary.ops.launches import ContextViews
-
-NULL = np.uint64(0)
+from kvcanary.ops.launches import ContextViews, RealKvSourceView, TableViews
 
 
-def ptr(v: ArrayView | None) -> np.uint64:
-    """The device address of a validated array (``NULL`` for an absent one)."""
-    return NULL if v is None else np.uint64(v.ptr)
+def ptr(v: ArrayView | None) -> int:
+    """The device address of a validated array (0 for an absent one)."""
+    return 0 if v is None else v.ptr
 
 
-def i64(x: int) -> np.int64:
-    return np.int64(x)
+# ----------------------------------------------------------------------------------------------------------
+# Streams and the launch
 
 
-def context_args(ctx: ContextViews) -> tuple:
-    """``canary, num_slots, slot_stride, ring, write_index, ring_capacity, tag, slot_run_counter,
-    kernel_run_counter`` — the leading parameters of the write and verify kernels."""
-    return (ptr(ctx.canary_buf), i64(ctx.num_slots), i64(ctx.slot_stride_bytes), ptr(ctx.violation_ring),
-            ptr(ctx.violation_write_index), i64(ctx.ring_capacity), i64(ctx.kernel_kind),
-            ptr(ctx.slot_run_counter), ptr(ctx.kernel_run_counter))
+class _RawStream:
+    """What ``cupy.cuda.function.Function.__call__`` needs of a stream: its handle, as ``ptr``."""
+
+    __slots__ = ("ptr",)
+
+    def __init__(self, handle: int) -> None:
+        self.ptr = handle
 
 
-def real_kv_args(ctx: ContextViews) -> tuple[bool, tuple]:
-    """Whether real KV is fingerprinted, and the ``KVC_REAL_KV_PARAMS`` kernel arguments (SPEC §3.1).
-
-    Sources are passed by value (four slots, unused ones zero), so nothing is allocated per launch.
-    """
-    sources = ctx.real_kv_sources if ctx.real_kv_hash_mode != RealKvHashMode.NONE else ()
-    n = len(sources)
-    pad = 4 - n
-    ptrs = [ptr(s.tensor) for s in sources] + [NULL] * pad
-    pages = [i64(s.page_size) for s in sources] + [i64(0)] * pad
-    bpt = [i64(s.num_bytes_per_token) for s in sources] + [i64(0)] * pad
-    strides = [i64(s.row_stride_bytes) for s in sources] + [i64(0)] * pad
-    nbytes = [i64(REAL_KV_LOAD_BYTES if ctx.real_kv_hash_mode == RealKvHashMode.PARTIAL else s.read_bytes)
-              for s in sources] + [i64(0)] * pad
-    return n > 0, (*ptrs, *pages, *bpt, *strides, *nbytes, i64(n))
+_streams: dict[int, _RawStream] = {}
 
 
-_streams: dict[tuple[int, int], Any] = {}
-
-
-def _external_stream(cp: Any, handle: int, device_index: int) -> Any:
-    """A non-owning CuPy wrapper of the raw stream ``handle``, cached: it holds only the handle value and
-    the device, so a reused handle value still names the right stream."""
-    key = (handle, device_index)
-    s = _streams.get(key)
+def raw_stream(handle: int) -> _RawStream:
+    s = _streams.get(handle)
     if s is None:
-        with warnings.catch_warnings():
-            # CuPy 14 deprecates ExternalStream in favour of Stream.from_external, which CuPy 13 lacks.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            s = cp.cuda.ExternalStream(handle, device_index)
         if len(_streams) >= 256:
             _streams.clear()
-        _streams[key] = s
+        s = _streams[handle] = _RawStream(handle)
     return s
 
 
-def launch(fn: Any, grid: int, block: int, args: Sequence[Any], device: Device, stream: Any) -> None:
-    """Launch ``fn`` on ``device`` (whatever the current device is) on the caller's stream.
+def resolve_stream(stream: Any, device: Device) -> _RawStream:
+    """The stream to launch on (SPEC §9): ``stream`` if given, else torch's current stream of ``device``; looked
+    up once per op call."""
+    return raw_stream(stream_handle(stream, device))
 
-    ``stream``: ``None`` (torch's current stream of ``device``), a torch or CuPy stream, an object with
-    ``__cuda_stream__`` or a raw handle (see :func:`kvcanary.ops.interop.stream_handle`).
-    """
+
+def launch(fn: Any, grid: int, block: int, words: Sequence[int], device_index: int, stream: _RawStream) -> None:
+    """Launch ``fn`` (a ``cupy.cuda.function.Function`` loaded on ``device_index``) with one by-value struct
+    argument of ``words``, on ``stream``, on ``device_index`` whatever the current device is."""
+    arg = P.kernel_arg(words)
     cp = import_cupy()
-    handle = stream_handle(stream, device)
-    with cp.cuda.Device(device.index), _external_stream(cp, handle, device.index):
-        fn((int(grid),), (int(block),), tuple(args))
+    if cp.cuda.runtime.getDevice() == device_index:
+        fn((grid,), (block,), (arg,), 0, stream)
+    else:
+        with cp.cuda.Device(device_index):
+            fn((grid,), (block,), (arg,), 0, stream)
 
+
+def memset32_zero(p: int, device_index: int, stream: _RawStream) -> None:
+    """``*(int32*)p = 0`` on ``stream`` (a memset node in a captured graph; allocates nothing)."""
+    cp = import_cupy()
+    if cp.cuda.runtime.getDevice() == device_index:
+        cp.cuda.runtime.memsetAsync(p, 0, 4, stream.ptr)
+    else:
+        with cp.cuda.Device(device_index):
+            cp.cuda.runtime.memsetAsync(p, 0, 4, stream.ptr)
+
+
+def stream_capturing(handle: int) -> bool:
+    """Whether the stream ``handle`` is capturing a CUDA graph."""
+    rt = import_cupy().cuda.runtime
+    f = getattr(rt, "streamIsCapturing", None)
+    if f is not None:
+        try:
+            return bool(f(handle))
+        except Exception:  # pragma: no cover - depends on the CuPy build
+            pass
+    import torch
+
+    return bool(torch.cuda.is_current_stream_capturing())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Real-KV sources
+
+
+def folds_real_kv(ctx: ContextViews) -> bool:
+    return ctx.real_kv_hash_mode != RealKvHashMode.NONE and bool(ctx.real_kv_sources)
+
+
+def _fold_bytes(ctx: ContextViews, s: RealKvSourceView) -> int:
+    return REAL_KV_LOAD_BYTES if ctx.real_kv_hash_mode == RealKvHashMode.PARTIAL else s.read_bytes
+
+
+def slot_limit(ctx: ContextViews) -> int:
+    """The slots ``[0, limit)`` a launch of ``ctx`` may touch (SPEC §9): ``num_slots``, or fewer when it folds
+    real KV from a source that covers fewer."""
+    if not folds_real_kv(ctx):
+        return ctx.num_slots
+    return min(ctx.num_slots, *(s.num_rows * s.page_size for s in ctx.real_kv_sources))
+
+
+def real_kv4_words(ctx: ContextViews) -> list[int]:
+    """The ``KvcRealKv4`` of the SGLang-named kernels: up to four sources by value (unused slots zero)."""
+    if len(ctx.real_kv_sources) > P.MAX_BY_VALUE_SOURCES:
+        raise invalid(f"context.real_kv_sources may hold at most {P.MAX_BY_VALUE_SOURCES} RealKvSource, "
+                      f"got {len(ctx.real_kv_sources)}")
+    sources = ctx.real_kv_sources if folds_real_kv(ctx) else ()
+    n = len(sources)
+    pad = [0] * (P.MAX_BY_VALUE_SOURCES - n)
+    return P.REAL_KV4.pack(
+        ptr=[s.tensor.ptr for s in sources] + pad,
+        page_size=[s.page_size for s in sources] + pad,
+        bytes_per_token=[s.num_bytes_per_token for s in sources] + pad,
+        row_stride=[s.row_stride_bytes for s in sources] + pad,
+        nbytes=[_fold_bytes(ctx, s) for s in sources] + pad,
+        count=n,
+    )
+
+
+def source_descriptors(ctx: ContextViews) -> tuple[tuple[int, ...], ...]:
+    """The descriptor rows (``params.SOURCE_DESC_FIELDS`` ints each) of the sources a launch of ``ctx`` folds."""
+    if not folds_real_kv(ctx):
+        return ()
+    rows = []
+    for s in ctx.real_kv_sources:
+        row = [0] * P.SOURCE_DESC_FIELDS
+        row[P.SRC_PTR] = s.tensor.ptr
+        row[P.SRC_PAGE_SIZE] = s.page_size
+        row[P.SRC_BYTES_PER_TOKEN] = s.num_bytes_per_token
+        row[P.SRC_ROW_STRIDE] = s.row_stride_bytes
+        row[P.SRC_FOLD_BYTES] = _fold_bytes(ctx, s)
+        row[P.SRC_NUM_ROWS] = s.num_rows
+        rows.append(tuple(row))
+    return tuple(rows)
+
+
+_tables_lock = threading.Lock()
+_tables: dict[tuple[int, tuple[tuple[int, ...], ...]], Any] = {}  # (device, descriptors) -> CuPy int64 [n, 6]
+
+
+def source_table(ctx: ContextViews, device_index: int, stream: _RawStream | None) -> tuple[int, int]:
+    """``(device address, count)`` of the descriptor table of ``ctx``'s folded sources (``(0, 0)`` when the
+    launch folds none), built on first use and cached by content (see the module docstring)."""
+    desc = source_descriptors(ctx)
+    if not desc:
+        return 0, 0
+    key = (device_index, desc)
+    table = _tables.get(key)
+    if table is None:
+        if stream is not None and stream_capturing(stream.ptr):
+            raise RealKvSourcesNotPreparedError(
+                "kv-canary: a launch inside a CUDA-graph capture needs the device table of its context's "
+                f"{len(desc)} real-KV sources, which does not exist yet (building it allocates device memory, "
+                "which a capture forbids); run the op once, or call "
+                "kvcanary.ops.cuda.backend.prepare_real_kv_sources(contexts), before capturing")
+        cp = import_cupy()
+        with _tables_lock:
+            table = _tables.get(key)
+            if table is None:
+                host = np.array(desc, dtype=np.int64).reshape(len(desc), P.SOURCE_DESC_FIELDS)
+                with cp.cuda.Device(device_index):
+                    table = cp.asarray(host)
+                    # The copy ran on CuPy's current stream; the launch may be on another one.
+                    cp.cuda.get_current_stream().synchronize()
+                _tables[key] = table
+    return int(table.data.ptr), len(desc)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Per-context words, cached per ContextViews object
+
+
+def _context_words(ctx: ContextViews, sources: int, num_sources: int) -> list[int]:
+    return P.CONTEXT.pack(
+        canary=ctx.canary_buf.ptr, ring=ctx.violation_ring.ptr, write_index=ctx.violation_write_index.ptr,
+        slot_run_counter=ctx.slot_run_counter.ptr, kernel_run_counter=ctx.kernel_run_counter.ptr,
+        chain_position_flag=ptr(ctx.chain_position_flag), sources=sources, num_sources=num_sources,
+        num_slots=ctx.num_slots, slot_limit=slot_limit(ctx), slot_stride=ctx.slot_stride_bytes,
+        ring_capacity=ctx.ring_capacity, tag=ctx.kernel_kind)
+
+
+# id(ctx) -> (weak reference to ctx, {flavour: words}); an entry goes when its ContextViews is collected.
+_ctx_cache: dict[int, tuple[Any, dict[Any, tuple[int, ...]]]] = {}
+_CTX_CACHE_MAX = 4096
+
+
+def _ctx_entry(ctx: ContextViews) -> dict[Any, tuple[int, ...]]:
+    key = id(ctx)
+    e = _ctx_cache.get(key)
+    if e is not None and e[0]() is ctx:
+        return e[1]
+    if len(_ctx_cache) >= _CTX_CACHE_MAX:
+        _ctx_cache.clear()
+    d: dict[Any, tuple[int, ...]] = {}
+
+    def forget(_ref: Any, k: int = key) -> None:
+        _ctx_cache.pop(k, None)
+
+    _ctx_cache[key] = (weakref.ref(ctx, forget), d)
+    return d
+
+
+def sglang_context_words(ctx: ContextViews) -> tuple[int, ...]:
+    """``KvcContextParams`` + ``KvcRealKv4`` words of an SGLang-named launch (sources by value)."""
+    d = _ctx_entry(ctx)
+    w = d.get("sglang")
+    if w is None:
+        w = d["sglang"] = (*_context_words(ctx, 0, 0), *real_kv4_words(ctx))
+    return w
+
+
+def table_context_words(ctx: ContextViews, device_index: int, stream: _RawStream | None) -> tuple[int, ...]:
+    """``KvcContextParams`` words of a plan-free launch (sources through the device descriptor table)."""
+    d = _ctx_entry(ctx)
+    w = d.get(device_index)
+    if w is None:
+        table, n = source_table(ctx, device_index, stream)
+        w = d[device_index] = tuple(_context_words(ctx, table, n))
+    return w
+
+
+def contexts_words(contexts: Sequence[ContextViews], device_index: int, stream: _RawStream | None) -> list[int]:
+    """The ``ctx[kMaxContexts]`` words of up to ``MAX_CONTEXTS`` contexts (unused entries zero)."""
+    out: list[int] = []
+    for c in contexts:
+        out.extend(table_context_words(c, device_index, stream))
+    out.extend([0] * (P.CONTEXT.words * (P.MAX_CONTEXTS - len(contexts))))
+    return out
+
+
+def prepare_real_kv_sources(contexts: Sequence[ContextViews], device_index: int) -> None:
+    """Build (outside any capture) the descriptor tables the plan-free launches of ``contexts`` need."""
+    for c in contexts:
+        source_table(c, device_index, None)
+
+
+def clear_caches() -> None:
+    """Forget the per-context words (not the descriptor tables: captured graphs may read them)."""
+    _ctx_cache.clear()
+    _streams.clear()
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Shared argument groups
+
+
+def table_words(table: TableViews, lut: ArrayView | None) -> list[int]:
+    """``KvcTableParams`` of SPEC §10's table and the SWA LUT."""
+    arr = table.array
+    return P.TABLE.pack(
+        table=arr.ptr, lut=ptr(lut), lut_len=lut.shape[0] if lut is not None else 0, max_reqs=arr.shape[0],
+        cols=arr.shape[1], block_size=table.block_size, paged=1 if table.paged else 0,
+        max_seq_len=table.max_seq_len, pad_row=table.pad_row)
+
+
+def batch_words(*, req_pool_indices: ArrayView, prefix_lens: ArrayView, extend_seq_lens: ArrayView | None,
+                pool: ArrayView | None, valid_lens: ArrayView | None, invalid_rows: ArrayView | None,
+                swa_window_size: int, token_offset: int) -> list[int]:
+    """``KvcBatchParams`` of a batch."""
+    return P.BATCH.pack(
+        req_pool_indices=req_pool_indices.ptr, prefix_lens=prefix_lens.ptr, extend_seq_lens=ptr(extend_seq_lens),
+        pool=ptr(pool), valid_lens=ptr(valid_lens), invalid_rows=ptr(invalid_rows), bs=req_pool_indices.shape[0],
+        swa_window_size=swa_window_size, pool_cols=pool.shape[1] if pool is not None else 0,
+        token_offset=token_offset)
+
+
+def token_words(*, input_ids: ArrayView, positions: ArrayView, out_cache_loc: ArrayView,
+                expected_input_tokens: ArrayView | None, expected_input_positions: ArrayView | None) -> list[int]:
+    """``KvcTokenParams`` of a write's flattened tokens."""
+    return P.TOKENS.pack(
+        input_ids=input_ids.ptr, positions=positions.ptr, out_cache_loc=out_cache_loc.ptr,
+        expected_input_tokens=ptr(expected_input_tokens), expected_input_positions=ptr(expected_input_positions),
+        num_tokens=input_ids.shape[0])

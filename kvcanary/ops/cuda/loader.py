@@ -3,6 +3,8 @@
 ``cupy.RawModule(code=spec.source(), options=NVRTC_OPTIONS)`` compiles (or reads CuPy's on-disk cache,
 keyed by the source text and options) and loads the module on the current device; a kernel is fetched
 and forced to load under ``cupy.cuda.Device(index)``, so launches never compile or load anything.
+:func:`function` hands the launchers the kernel's ``cupy.cuda.function.Function`` of a device (launched with a
+raw stream handle), cached by ``(device, family, name, flags)`` so a launch builds no spec.
 :func:`warmup` does this for every specialization ahead of time: call it before capturing a CUDA graph,
 since module loading is not a stream operation and must not happen inside a capture.
 """
@@ -14,7 +16,7 @@ from typing import Any
 
 from kvcanary.errors import invalid
 from kvcanary.ops.cuda.grids import sm_count
-from kvcanary.ops.cuda.specs import NVRTC_OPTIONS, KernelSpec, all_specs
+from kvcanary.ops.cuda.specs import NVRTC_OPTIONS, KernelSpec, all_specs, family_flags, spec_for
 from kvcanary.ops.interop import import_cupy
 
 _lock = threading.Lock()
@@ -45,6 +47,38 @@ def kernel(spec: KernelSpec, name: str, device_index: int) -> Any:
                 _ = k.num_regs
             _kernels[key] = k
     return k
+
+
+_functions: dict[tuple[int, str, str, tuple[bool, ...]], Any] = {}
+
+
+def function(device_index: int, family: str, name: str, *flags: bool) -> Any:
+    """The ``cupy.cuda.function.Function`` of kernel ``name`` of ``family`` specialized by ``flags`` (the
+    family's flags in order, see :mod:`kvcanary.ops.cuda.specs`), loaded on CUDA device ``device_index``."""
+    key = (device_index, family, name, flags)
+    fn = _functions.get(key)
+    if fn is None:
+        spec = spec_for(family, **dict(zip(family_flags(family), flags)))
+        k = kernel(spec, name, device_index)
+        cp = import_cupy()
+        with cp.cuda.Device(device_index):
+            fn = getattr(k, "kernel", None)  # the cupy.cuda.function.Function of this device
+        if fn is None:  # pragma: no cover - a CuPy without RawKernel.kernel: launch through the RawKernel
+            fn = _RawKernelCall(k)
+        _functions[key] = fn
+    return fn
+
+
+class _RawKernelCall:
+    """``Function.__call__``'s signature over a ``cupy.RawKernel`` (on the stream given as an object with ``ptr``)."""
+
+    def __init__(self, k: Any) -> None:
+        self.k = k
+
+    def __call__(self, grid: tuple, block: tuple, args: tuple, shared_mem: int = 0, stream: Any = None) -> None:
+        cp = import_cupy()
+        with cp.cuda.ExternalStream(stream.ptr):
+            self.k(grid, block, args, shared_mem=shared_mem)
 
 
 def _device_index(device: Any) -> int:
@@ -83,7 +117,8 @@ def warmup(device: Any = None) -> int:
     n = 0
     for spec in all_specs():
         for name in spec.entry_points:
-            kernel(spec, name, index)
+            flags = tuple(v == "1" for _, v in spec.defines)
+            function(index, spec.family, name, *flags)
             n += 1
     sm_count(index)  # cache it now: the launchers size grids from it
     return n

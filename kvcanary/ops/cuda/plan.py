@@ -1,47 +1,43 @@
-"""Plan (SPEC §5) on CUDA: launches the three kernels of ``kernels_cu/plan.cu``.
+"""Plan (SPEC §5, §10) on CUDA: launches the three kernels of ``kernels_cu/plan.cu``.
 
-CPU twin: :mod:`kvcanary.ops.reference.plan`. The verify offsets live temporarily in ``write_offsets``
-(the plan's own output, overwritten by the last kernel), so nothing is allocated, and grids depend only
-on the capacities: the whole op can be captured in a CUDA graph once :func:`~kvcanary.warmup` has run.
+CPU twin: :mod:`kvcanary.ops.reference.plan`. The verify offsets live temporarily in ``write_offsets`` (the
+plan's own output, overwritten by the last kernel), so nothing is allocated, and grids depend only on the
+capacities: the whole op can be captured in a CUDA graph once :func:`~kvcanary.warmup` has run. The table is
+``req_to_token`` or a block table (``TableViews``), with ``pad_row``; all three kernels take one
+``KvcPlanParams``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from kvcanary.ops.cuda import params as P
 from kvcanary.ops.cuda.grids import plan_grids, sm_count
-from kvcanary.ops.cuda.launch import i64, launch, ptr
-from kvcanary.ops.cuda.loader import kernel
-from kvcanary.ops.cuda.specs import spec_for
+from kvcanary.ops.cuda.launch import batch_words, launch, resolve_stream, table_words
+from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.launches import PlanLaunch
 
 
 def plan(launch_rec: PlanLaunch, stream: Any = None) -> None:
     """Fill ``launch_rec``'s verify and write plans on its CUDA device, on ``stream``."""
     rec = launch_rec
-    dev = rec.device
-    spec = spec_for("plan", has_lut=rec.lut is not None, has_pool=rec.expected_tokens_pool is not None)
+    dev = rec.device.index
+    s = resolve_stream(stream, rec.device)
+    flags = (rec.lut is not None, rec.expected_tokens_pool is not None)
     vp, wp = rec.verify, rec.write
-    bs = i64(rec.bs)
-    max_reqs, max_seq_len = i64(rec.max_reqs), i64(rec.max_seq_len)
-    window = i64(rec.swa_window_size)
-    lut_len = i64(rec.lut.shape[0] if rec.lut is not None else 0)
-    pool_cols = i64(rec.expected_tokens_pool.shape[1] if rec.expected_tokens_pool is not None else 0)
-    grids = plan_grids(vp.capacity, sm_count(dev.index))
-    g1, g2, g3 = grids["verify_offsets"], grids["verify_entries"], grids["write_meta"]
-
-    launch(kernel(spec, "kvc_plan_verify_offsets", dev.index), g1.blocks, g1.threads,
-           (ptr(rec.req_pool_indices), ptr(rec.prefix_lens), bs, max_reqs, max_seq_len, window,
-            i64(vp.capacity), ptr(wp.offsets), ptr(vp.num_valid), ptr(vp.enable)),
-           dev, stream)
-    launch(kernel(spec, "kvc_plan_verify_entries", dev.index), g2.blocks, g2.threads,
-           (ptr(wp.offsets), bs, ptr(rec.req_pool_indices), ptr(rec.prefix_lens), window, ptr(rec.table.req_to_token),
-            max_seq_len, ptr(rec.lut), lut_len, ptr(rec.expected_tokens_pool), pool_cols,
-            ptr(rec.expected_tokens_valid_lens), i64(rec.token_offset), ptr(vp.num_valid), ptr(vp.enable),
-            ptr(vp.slot_indices), ptr(vp.expected_tokens), ptr(vp.expected_positions), ptr(vp.prev_slot_indices)),
-           dev, stream)
-    launch(kernel(spec, "kvc_plan_write_meta", dev.index), g3.blocks, g3.threads,
-           (ptr(rec.req_pool_indices), ptr(rec.prefix_lens), ptr(rec.extend_seq_lens), bs, max_reqs, max_seq_len,
-            ptr(rec.table.req_to_token), ptr(rec.lut), lut_len, i64(wp.capacity), ptr(wp.offsets),
-            ptr(wp.seed_slot_indices), ptr(wp.num_valid_reqs), ptr(rec.invalid_rows)),
-           dev, stream)
+    words = P.PLAN.pack(
+        table=table_words(rec.table, rec.lut),
+        batch=batch_words(req_pool_indices=rec.req_pool_indices, prefix_lens=rec.prefix_lens,
+                          extend_seq_lens=rec.extend_seq_lens, pool=rec.expected_tokens_pool,
+                          valid_lens=rec.expected_tokens_valid_lens, invalid_rows=rec.invalid_rows,
+                          swa_window_size=rec.swa_window_size, token_offset=rec.token_offset),
+        verify_slot_indices=vp.slot_indices.ptr, verify_expected_tokens=vp.expected_tokens.ptr,
+        verify_expected_positions=vp.expected_positions.ptr, verify_prev_slot_indices=vp.prev_slot_indices.ptr,
+        verify_num_valid=vp.num_valid.ptr, verify_enable=vp.enable.ptr, write_offsets=wp.offsets.ptr,
+        write_seed_slot_indices=wp.seed_slot_indices.ptr, write_num_valid_reqs=wp.num_valid_reqs.ptr,
+        verify_capacity=vp.capacity, write_req_capacity=wp.capacity)
+    grids = plan_grids(vp.capacity, sm_count(dev))
+    for name, g in (("kvc_plan_verify_offsets", grids["verify_offsets"]),
+                    ("kvc_plan_verify_entries", grids["verify_entries"]),
+                    ("kvc_plan_write_meta", grids["write_meta"])):
+        launch(function(dev, "plan", name, *flags), g.blocks, g.threads, words, dev, s)

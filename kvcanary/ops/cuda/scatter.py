@@ -7,21 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvcanary.ops.cuda import params as P
 from kvcanary.ops.cuda.grids import scatter_grid, sm_count
-from kvcanary.ops.cuda.launch import i64, launch, ptr
-from kvcanary.ops.cuda.loader import kernel
-from kvcanary.ops.cuda.specs import spec_for
+from kvcanary.ops.cuda.launch import launch, resolve_stream
+from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.launches import ScatterLaunch
 
 
 def scatter(launch_rec: ScatterLaunch, stream: Any = None) -> None:
     """Copy each request's token ids into its pool row on the arrays' CUDA device, on ``stream``."""
     rec = launch_rec
-    dev = rec.device
+    dev = rec.device.index
+    s = resolve_stream(stream, rec.device)
     bs = rec.req_pool_indices.shape[0]
-    grid = scatter_grid(bs, sm_count(dev.index))
     max_reqs, cols = rec.pool_out.shape
-    args = (ptr(rec.flat_in), i64(rec.flat_in.shape[0]), ptr(rec.offsets), ptr(rec.req_pool_indices), i64(bs),
-            ptr(rec.pool_out), i64(max_reqs), i64(cols))
-    launch(kernel(spec_for("scatter"), "kvc_scatter", dev.index), grid.blocks, grid.threads, args, dev,
-           stream)
+    words = P.SCATTER.pack(flat_in=rec.flat_in.ptr, offsets=rec.offsets.ptr, req_pool_indices=rec.req_pool_indices.ptr,
+                           pool_out=rec.pool_out.ptr, n_flat=rec.flat_in.shape[0], bs=bs, max_reqs=max_reqs, cols=cols)
+    g = scatter_grid(bs, sm_count(dev))
+    launch(function(dev, "scatter", "kvc_scatter"), g.blocks, g.threads, words, dev, s)

@@ -121,9 +121,24 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # check_token: check_verify_expected_token; has_real_kv as for write.
     "verify": ("verify.cu", ("kvc_verify",), ("check_token", "has_real_kv")),
     "scatter": ("scatter.cu", ("kvc_scatter",), ()),
+    # Plan-free verify (SPEC §11): has_lut as for plan; check_token: check_verify_expected_token and a pool
+    # given; has_real_kv: some context folds real KV.
+    "verify_table": ("verify_table.cu", ("kvc_verify_from_table",), ("has_lut", "check_token", "has_real_kv")),
+    # Plan-free write (SPEC §12): input_assert and has_real_kv as for write (the LUT, read once per request for
+    # the seed, is a runtime choice).
+    "write_table": ("write_table.cu", ("kvc_write_from_table",), ("input_assert", "has_real_kv")),
+    # Records that move with the KV (SPEC §13).
+    "records": ("records.cu", ("kvc_gather_records", "kvc_scatter_records", "kvc_copy_records"), ()),
 }
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+
+def family_flags(family: str) -> tuple[str, ...]:
+    """The flag names of ``family``, in define order."""
+    if family not in _FAMILIES:
+        raise ValueError(f"kv-canary: kernel family must be one of {FAMILIES}, got {family!r}")
+    return _FAMILIES[family][2]
 
 
 def _define_name(flag: str) -> str:
@@ -143,7 +158,7 @@ def spec_for(family: str, **flags: bool) -> KernelSpec:
 
 @cache
 def all_specs() -> tuple[KernelSpec, ...]:
-    """Every specialization of every family (13 modules)."""
+    """Every specialization of every family (26 modules)."""
     specs = []
     for family, (_, _, names) in _FAMILIES.items():
         for bits in range(1 << len(names)):

@@ -1,0 +1,180 @@
+// kvcanary write straight from the table (SPEC §12). CPU twin: kvcanary/ops/reference/write_table.py;
+// launcher: kvcanary/ops/cuda/write_table.py.
+//
+// Specializations: KVC_INPUT_ASSERT, KVC_HAS_REAL_KV (some context folds real KV, from its device descriptor
+// table of any number of sources). One parameter: KvcWriteTableParams, with 1 to kvc::kMaxContexts contexts that
+// share the table and the tokens (K and V of a group); each context has its own canary buffer, so its own
+// seed record and chain.
+//
+// §5's write metadata is computed in the kernel, with no plan and no scratch: every block walks the rows in
+// tiles of kvc::kWtRowItems * KVC_WT_THREADS rows (each thread kvc::kWtRowItems consecutive rows: pool index,
+// prefix, extend; a block-wide exclusive sum of the write lengths gives the rows' token offsets in shared
+// memory); a row's seed (the table entry of position prefix - 1, through the LUT) is read only by the block that
+// writes the row, right after the row itself, so its latency overlaps the scan. Then write_core.cuh's machinery:
+//  * short, empty and bad requests: one warp each; row r goes to warp r mod (G * kvc::kWtWarps) of the grid;
+//  * long requests: the whole block; row r goes to block r mod G (the walkers are lanes 0 .. contexts-1 of
+//    warp 0, one chain per context, in lockstep; the workers are threads 32 .. 32 + kvc::kWtTile - 1).
+// The grid is fixed by the SM count (never by the batch); the counts are read on the device. A decode batch of
+// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one scan, then every
+// request's token, seed-record and real-KV loads in parallel.
+//
+// Counters: per context kernel_run_counter += 1 (block 0) and slot_run_counter += the stamped slots (one atomic
+// per warp); invalid_rows (if given) is SET by block 0, which walks every row. Rows, RT(), T(), seeds and
+// bounds as the reference (SPEC §5, §6, §9, §10; see write_core.cuh): a row's tokens are
+// [sum of write_len of the rows before it, + write_len); invalid and padding rows write nothing and take no
+// tokens.
+
+#include "write_core.cuh"
+
+#ifndef KVC_INPUT_ASSERT
+#error "KVC_INPUT_ASSERT must be defined (0 or 1)"
+#endif
+#ifndef KVC_HAS_REAL_KV
+#error "KVC_HAS_REAL_KV must be defined (0 or 1)"
+#endif
+
+// Launch geometry (kvcanary/ops/cuda/grids.py reads these defines).
+#define KVC_WT_THREADS 256
+#define KVC_WT_BLOCKS_PER_SM 1
+
+namespace kvc {
+constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
+// Tokens per tile of the long-request path (its workers are threads 32 .. 32 + kWtTile - 1; with four contexts a
+// tile's shared memory is about 26 KB).
+constexpr int kWtTile = 96;
+constexpr int kWtRowItems = 4;                          // rows per thread per tile of the row scan
+constexpr int kWtRows = kWtRowItems * KVC_WT_THREADS;  // rows per tile
+static_assert(kWtWarps * kWarpSize == KVC_WT_THREADS, "whole warps");
+static_assert(KVC_WT_THREADS >= kWriteWorkerBase + kWtTile, "a worker per tile token");
+}  // namespace kvc
+
+// The fingerprint of a covered slot from a descriptor table of n >= 1 sources. Not inlined: the write reaches it
+// from both request paths and every context, and a token's fingerprint is off the chain's critical path.
+__device__ __noinline__ kvc_u64 kvc_write_fingerprint(const kvc_i64* desc, kvc_i64 n, kvc_i64 slot) {
+    kvc_u64 w0, w1;
+    kvc_load16(kvc_source_bytes(desc, slot), w0, w1);
+    return kvc_fingerprint_table<kvc::kFoldLoadsInFlight>(desc, n, slot, w0, w1);
+}
+
+// The contexts of a plan-free write launch.
+struct KvcWriteTableContexts {
+    static constexpr bool kRealKv = KVC_HAS_REAL_KV != 0;
+    const KvcWriteTableParams& p;
+    __device__ __forceinline__ int count() const { return (int)p.num_contexts; }
+    __device__ __forceinline__ const KvcContextParams& ctx(int c) const { return p.ctx[c]; }
+    __device__ __forceinline__ kvc_u64 fingerprint(int c, kvc_i64 slot) const {
+        const KvcContextParams& x = p.ctx[c];
+        return x.num_sources > 0 ? kvc_write_fingerprint(x.sources, x.num_sources, slot) : 0;
+    }
+};
+
+// The first r >= base with r mod m == k (0 <= k < m).
+__device__ __forceinline__ kvc_i64 kvc_first_congruent(kvc_i64 base, kvc_i64 m, kvc_i64 k) {
+    kvc_i64 q, rem;
+    kvc_divmod(base, m, q, rem);
+    return base + (k >= rem ? k - rem : k - rem + m);
+}
+
+extern "C" __global__ void __launch_bounds__(KVC_WT_THREADS, KVC_WT_BLOCKS_PER_SM)
+kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
+    constexpr int NC = kvc::kMaxContexts;
+    __shared__ KvcWriteSmem<NC, kvc::kWtTile> sm;
+    __shared__ kvc_i64 s_start[kvc::kWtRows + 1];  // tile-local exclusive token offsets of the rows
+    __shared__ kvc_i64 s_seed[kvc::kWtRows];       // seeds of the rows this block writes
+    __shared__ kvc_i64 scratch[kvc::kScanScratch];
+
+    const KvcWriteTableContexts cx{p};
+    const KvcTableParams& t = p.table;
+    const KvcBatchParams& b = p.batch;
+    const KvcTokenParams& tk = p.tokens;
+    const int tid = (int)threadIdx.x, warp = tid >> 5;
+    const int nctx = (int)p.num_contexts;
+    const kvc_i64 blocks = gridDim.x, block = blockIdx.x;
+    const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = block * kvc::kWtWarps + warp;
+
+    if (block == 0 && tid == 0) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            if (c < nctx) kvc_counter_add(p.ctx[c].kernel_run_counter, 1);
+    }
+    bool position_assert[NC];
+    kvc_i64 stamped[NC];  // per thread, summed per warp at the end
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        position_assert[c] = c < nctx && kvc_position_assert(p.ctx[c]);
+        stamped[c] = 0;
+    }
+
+    kvc_i64 tok_carry = 0;  // tokens of the rows before the tile
+    kvc_i64 invalid = 0;    // invalid rows this thread saw
+    for (kvc_i64 tile = 0; tile < b.bs; tile += kvc::kWtRows) {
+        const kvc_i64 first = tile + (kvc_i64)tid * kvc::kWtRowItems;
+        kvc_i64 rp[kvc::kWtRowItems], prefix[kvc::kWtRowItems], extend[kvc::kWtRowItems];
+#pragma unroll
+        for (int j = 0; j < kvc::kWtRowItems; ++j) {
+            rp[j] = prefix[j] = extend[j] = 0;
+            if (first + j < b.bs) {
+                rp[j] = b.req_pool_indices[first + j];
+                prefix[j] = b.prefix_lens[first + j];
+                extend[j] = b.extend_seq_lens[first + j];
+            }
+        }
+        kvc_i64 len[kvc::kWtRowItems], seed[kvc::kWtRowItems], sum = 0;
+#pragma unroll
+        for (int j = 0; j < kvc::kWtRowItems; ++j) {
+            const kvc_i64 r = first + j;
+            len[j] = 0;
+            seed[j] = kvc::NO_SLOT;
+            if (r < b.bs) {
+                const bool valid = kvc_row_valid(rp[j], prefix[j], t.max_reqs, t.max_seq_len, t.pad_row);
+                const bool active = valid && rp[j] != t.pad_row;
+                invalid += valid ? 0 : 1;
+                len[j] = kvc_write_len(active, extend[j]);
+                kvc_i64 q, by_warp, by_block;
+                kvc_divmod(r, warps, q, by_warp);
+                kvc_divmod(r, blocks, q, by_block);
+                const bool mine = by_warp / kvc::kWtWarps == block || by_block == block;
+                if (mine && kvc_has_seed(active, prefix[j], len[j]))
+                    seed[j] = kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1));
+            }
+            sum += len[j];
+        }
+        kvc_i64 tile_total;
+        kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, tile_total);
+#pragma unroll
+        for (int j = 0; j < kvc::kWtRowItems; ++j) {
+            s_start[tid * kvc::kWtRowItems + j] = run;
+            s_seed[tid * kvc::kWtRowItems + j] = seed[j];
+            run += len[j];
+        }
+        if (tid == 0) s_start[kvc::kWtRows] = tile_total;
+        __syncthreads();
+        const kvc_i64 tile_end = tile + kvc_min64(kvc::kWtRows, b.bs - tile);
+
+        // Short, empty and bad requests: one warp each (the loop is warp-uniform).
+        for (kvc_i64 r = kvc_first_congruent(tile, warps, gwarp); r < tile_end; r += warps) {
+            const kvc_i64 i = r - tile;
+            const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
+            if (kvc_write_is_long(start, end, tk.num_tokens)) continue;
+            kvc_write_warp_request<NC, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i], position_assert,
+                                                               stamped);
+        }
+        // Long requests: the whole block (the loop and its condition are block-uniform).
+        for (kvc_i64 r = kvc_first_congruent(tile, blocks, block); r < tile_end; r += blocks) {
+            const kvc_i64 i = r - tile;
+            const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
+            if (!kvc_write_is_long(start, end, tk.num_tokens)) continue;
+            kvc_write_block_request<NC, kvc::kWtTile, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i],
+                                                                             position_assert, stamped, sm);
+        }
+        tok_carry += tile_total;
+        __syncthreads();  // the tile's shared rows are read until here
+    }
+
+    if (block == 0) {  // block 0 walked every row
+        kvc_i64 invalid_total;
+        kvc_block_exclusive_sum(invalid, scratch, invalid_total);
+        if (tid == 0 && b.invalid_rows != nullptr) *b.invalid_rows = (int)invalid_total;
+    }
+    kvc_write_count_stamps<NC>(cx, stamped);
+}

@@ -1,0 +1,317 @@
+"""Plan-free verify and write (SPEC §11, §12) on the GPU vs the CPU reference, byte for byte, on fresh random
+batches (``support.table_cases``: both table forms, block sizes 1 / 16 / 64, padding rows with ``pad_row`` 0 and
+-1, invalid rows, out-of-range and negative block ids, SWA windows with a LUT and LUT misses, expected tokens with
+the EAGLE +1 offset), poisoned canary buffers and logs, several contexts (more than one launch's four are split),
+any number of real-KV sources (64 included), sources covering fewer slots than the canary. Rows are compared as
+a multiset (many GPU threads append), everything else byte for byte; the from-table ops are also compared with
+plan -> verify and plan -> write on the GPU, and a block table with the ``req_to_token`` it expands to.
+
+Test names carry the kernel family (``verify_table``, ``write_table``) so run_all.sh's racecheck pass selects them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kvcanary as kc
+from kvcanary import RealKvHashMode as Mode
+from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for, size
+from support.table_cases import (
+    CanaryCase,
+    TableBatch,
+    WriteTokens,
+    make_canary_case,
+    make_canary_cases,
+    make_table_batch,
+    make_write_tokens,
+    stamp_batch,
+    to_device,
+)
+
+
+def ring_for(batch: TableBatch, n_contexts: int = 1, extra_tokens: int = 0) -> int:
+    """A ring big enough for every row a launch may append (which rows land in a full ring is unspecified)."""
+    entries = int(batch.prefix_lens.clamp(min=0).sum()) + 3 * int(batch.extend_seq_lens.clamp(min=0).sum())
+    return n_contexts * (entries + 3 * extra_tokens + batch.bs) + 64
+
+
+def setup(rng, *, block_size, window, pad_row, n_contexts=2, shared_log=False, n_sources=1, mode=Mode.PARTIAL,
+          n_active=None, max_blocks=None, max_extend=8, source_rows=None, corrupt=0.2, **kw):
+    n_active = n_active if n_active is not None else size(40, 8)
+    b = make_table_batch(rng, block_size=block_size, max_blocks=max_blocks or max(2, size(512, 96) // block_size),
+                         pad_row=pad_row, window=window, token_offset=int(rng.integers(0, 2)), n_active=n_active,
+                         max_reqs=n_active + 4, max_extend=max_extend, **kw)
+    cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=n_sources, mode=mode, shared_log=shared_log,
+                              stride=int(rng.choice([32, 40, 48])), ring_capacity=ring_for(b, n_contexts, 64),
+                              flag=int(rng.choice([0, 1])), source_rows=source_rows)
+    for c in cases:
+        stamp_batch(rng, c, b, corrupt=corrupt)
+    return b, cases
+
+
+def compare_cases(cpu: list[CanaryCase], gpu: list[CanaryCase]) -> int:
+    """Canary bytes equal; each distinct log equal (rows as a multiset). Returns the rows appended."""
+    rows, seen = 0, set()
+    for c, g in zip(cpu, gpu):
+        assert_same_bytes(c.canary, g.canary, "canary_buf")
+        if id(c.log) in seen:
+            continue
+        seen.add(id(c.log))
+        assert int(c.log.index[0]) <= c.log.ring.shape[0], "test ring too small: which rows land is unspecified"
+        rows += compare_logs(c.log, g.log)
+    return rows
+
+
+def run_verify_table(b: TableBatch, cases: list[CanaryCase], *, paged: bool, check_token: bool = True,
+                     rng=None) -> tuple[list[CanaryCase], int]:
+    """The op on CPU copies (reference) and on GPU copies; compared. Returns the GPU cases and rows."""
+    rng = rng if rng is not None else np.random.default_rng(0)
+    inv = random_bytes(rng, (1,), torch.int32)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        bb, cc, ii = to_device((b, cases, inv), dev)
+        kc.launch_canary_verify_from_table(contexts=tuple(c.context() for c in cc), invalid_rows_out=ii,
+                                           **bb.verify_kwargs(paged, check_token=check_token))
+        out[dev] = (cc, ii)
+    torch.cuda.synchronize()
+    rows = compare_cases(to_device(out["cpu"][0], "cpu"), to_device(out["cuda"][0], "cpu"))
+    assert_same_bytes(out["cpu"][1], out["cuda"][1], "invalid_rows_out")
+    for before, g in zip(cases, out["cuda"][0]):
+        assert_same_bytes(before.canary, g.canary, "verify must not write the canary buffer")
+    return out["cuda"][0], rows
+
+
+def run_write_table(b: TableBatch, cases: list[CanaryCase], tokens: WriteTokens, *, paged: bool,
+                    rng=None) -> tuple[list[CanaryCase], int]:
+    rng = rng if rng is not None else np.random.default_rng(0)
+    inv = random_bytes(rng, (1,), torch.int32)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        bb, cc, tt, ii = to_device((b, cases, tokens, inv), dev)
+        kc.launch_canary_write_from_table(contexts=tuple(c.context() for c in cc), invalid_rows_out=ii,
+                                          **bb.write_kwargs(paged), **tt.kwargs())
+        out[dev] = (cc, ii)
+    torch.cuda.synchronize()
+    rows = compare_cases(to_device(out["cpu"][0], "cpu"), to_device(out["cuda"][0], "cpu"))
+    assert_same_bytes(out["cpu"][1], out["cuda"][1], "invalid_rows_out")
+    return out["cuda"][0], rows
+
+
+PARAMS = [(bsz, w, pad) for bsz in (1, 16, 64) for w, pad in ((0, 0), (9, -1))] + [(16, 0, -1), (16, 37, 0)]
+
+
+# ----------------------------------------------------------------------------------------------- verify
+
+
+@pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
+def test_verify_table_matches_reference(cuda_ready, block_size, window, pad_row):
+    rng = rng_for("verify_table", block_size, window, pad_row)
+    mode = [Mode.NONE, Mode.PARTIAL, Mode.ALL][int(rng.integers(0, 3))]
+    b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=int(rng.integers(1, 4)),
+                     shared_log=bool(rng.integers(0, 2)), n_sources=int(rng.integers(0, 3)), mode=mode)
+    rows = 0
+    for paged in (True, False):
+        for check in (True, False):
+            rows += run_verify_table(b, cases, paged=paged, check_token=check, rng=rng)[1]
+    assert rows > 0  # the corrupted records and bad table values were reported
+
+
+def test_verify_table_many_rows_and_long_prefixes(cuda_ready):
+    """More rows than one tile of the kernel (256) and prefixes spanning many chunks of a block."""
+    rng = rng_for("verify_table-big")
+    b, cases = setup(rng, block_size=16, window=0, pad_row=0, n_contexts=2, n_active=size(600, 300),
+                     max_blocks=size(64, 8), n_sources=1, mode=Mode.PARTIAL)
+    _, rows = run_verify_table(b, cases, paged=True, rng=rng)
+    assert rows > 0
+
+
+@pytest.mark.parametrize("n_contexts", [1, 4, 5, 9])
+def test_verify_table_contexts_split_into_launches(cuda_ready, n_contexts):
+    """Up to four contexts per launch: a longer tuple is several launches with the same result."""
+    rng = rng_for("verify_table-contexts", n_contexts)
+    b, cases = setup(rng, block_size=4, window=0, pad_row=0, n_contexts=n_contexts, n_active=size(12, 5),
+                     max_blocks=16, n_sources=int(rng.integers(0, 2)), mode=Mode.ALL)
+    got, rows = run_verify_table(b, cases, paged=bool(n_contexts % 2), rng=rng)
+    assert rows > 0
+    # one kernel run per context
+    for before, g in zip(cases, got):
+        if sum(c.log is before.log for c in cases) == 1:
+            assert int(g.log.kernel_counter[0]) == int(before.log.kernel_counter[0]) + 1
+
+
+@pytest.mark.parametrize("block_size, window, pad_row", PARAMS[:4])
+def test_verify_table_equals_plan_then_verify_on_gpu(cuda_ready, block_size, window, pad_row):
+    rng = rng_for("verify_table-two-pass", block_size, window, pad_row)
+    b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=2)
+    gb, gc = to_device((b, cases), "cuda")
+    a, two = to_device(gc, "cuda"), to_device(gc, "cuda")
+    kc.launch_canary_verify_from_table(contexts=[c.context() for c in a], **gb.verify_kwargs(True))
+    cap = max(1, int(b.prefix_lens.clamp(min=0).sum()))
+    vp = kc.VerifyPlan.allocate(verify_capacity=cap, device="cuda")
+    wp = kc.WritePlan.allocate(write_req_capacity=max(b.bs, 1), device="cuda")
+    kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=wp, verify_capacity=cap, **gb.plan_kwargs(True))
+    for c in two:
+        kc.launch_canary_verify_kernel(context=c.context(), plan=vp, check_verify_expected_token=True)
+    torch.cuda.synchronize()
+    assert int(vp.enable[0]) == 1
+    assert compare_cases(to_device(a, "cpu"), to_device(two, "cpu")) > 0
+
+
+def test_verify_table_block_table_equals_req_to_token_on_gpu(cuda_ready):
+    rng = rng_for("verify_table-forms")
+    b, cases = setup(rng, block_size=16, window=9, pad_row=-1, n_contexts=2, shared_log=True, corrupt=0.3)
+    gb, gc = to_device((b, cases), "cuda")
+    outs = []
+    for paged in (True, False):
+        cc = to_device(gc, "cuda")
+        kc.launch_canary_verify_from_table(contexts=[c.context() for c in cc], **gb.verify_kwargs(paged))
+        outs.append(to_device(cc, "cpu"))
+    torch.cuda.synchronize()
+    assert compare_cases(*outs) > 0
+
+
+def test_verify_table_sources_smaller_than_the_canary(cuda_ready):
+    rng = rng_for("verify_table-coverage")
+    for mode in (Mode.NONE, Mode.PARTIAL, Mode.ALL):
+        b = make_table_batch(rng, block_size=8, max_blocks=8, n_active=6, max_reqs=10)
+        cases = [make_canary_case(rng, b.num_slots, n_sources=2, mode=mode, page_size=4,
+                                  source_rows=b.num_slots // 8, ring_capacity=ring_for(b)) for _ in range(2)]
+        for c in cases:
+            stamp_batch(rng, c, b)
+        assert cases[0].covered() < b.num_slots or mode == Mode.NONE
+        _, rows = run_verify_table(b, cases, paged=True, rng=rng)
+        assert rows > 0
+
+
+@pytest.mark.parametrize("mode", [Mode.PARTIAL, Mode.ALL])
+def test_verify_table_and_write_table_sixty_four_sources(cuda_ready, mode):
+    """32 layers x K/V: two contexts of 32 sources, and one context of 64 sources."""
+    rng = rng_for("verify_table-64", int(mode))
+    b = make_table_batch(rng, block_size=4, max_blocks=8, n_active=5, max_reqs=8)
+    cases = [make_canary_case(rng, b.num_slots, n_sources=32, mode=mode, num_bytes_per_token=32, tag=tag,
+                              ring_capacity=ring_for(b, 1, 64)) for tag in (2, 3)]
+    for c in cases:
+        stamp_batch(rng, c, b)
+    run_verify_table(b, cases, paged=True, rng=rng)
+    run_write_table(b, cases, make_write_tokens(rng, b), paged=False, rng=rng)
+    one = make_canary_case(rng, b.num_slots, n_sources=64, mode=mode, num_bytes_per_token=16,
+                           ring_capacity=ring_for(b, 1, 64))
+    stamp_batch(rng, one, b)
+    _, rows = run_verify_table(b, [one], paged=False, rng=rng)
+    assert rows > 0
+
+
+# ----------------------------------------------------------------------------------------------- write
+
+
+@pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
+def test_write_table_matches_reference(cuda_ready, block_size, window, pad_row):
+    rng = rng_for("write_table", block_size, window, pad_row)
+    mode = [Mode.NONE, Mode.PARTIAL, Mode.ALL][int(rng.integers(0, 3))]
+    b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=int(rng.integers(1, 4)),
+                     shared_log=bool(rng.integers(0, 2)), n_sources=int(rng.integers(0, 3)), mode=mode,
+                     max_extend=40)
+    rows = 0
+    for paged, assert_on in ((True, False), (False, True)):
+        tokens = make_write_tokens(rng, b, assert_on=assert_on, short=int(rng.integers(0, 3)))
+        rows += run_write_table(b, cases, tokens, paged=paged, rng=rng)[1]
+    assert rows > 0  # out-of-range tokens, misplaced positions, short token arrays
+
+
+def test_write_table_long_requests_several_contexts(cuda_ready):
+    """Requests longer than a warp's 32 tokens (the block path, several tiles) with 1..5 contexts."""
+    rng = rng_for("write_table-long")
+    for n_contexts in (1, 3, 5):
+        b, cases = setup(rng, block_size=16, window=0, pad_row=0, n_contexts=n_contexts, n_active=size(6, 3),
+                         max_blocks=size(40, 24), max_extend=size(500, 200), n_sources=1, mode=Mode.PARTIAL)
+        tokens = make_write_tokens(rng, b, assert_on=True, skip=0.02, out_of_range=0.01, misplaced=0.01)
+        run_write_table(b, cases, tokens, paged=True, rng=rng)
+
+
+def test_write_table_many_rows(cuda_ready):
+    """More rows than one tile of the kernel's row scan (1024), short requests (decode-like)."""
+    rng = rng_for("write_table-rows")
+    n = size(1300, 300)
+    b, cases = setup(rng, block_size=1, window=0, pad_row=-1, n_contexts=2, n_active=n, max_blocks=40,
+                     max_extend=3, n_sources=1, mode=Mode.PARTIAL)
+    run_write_table(b, cases, make_write_tokens(rng, b), paged=False, rng=rng)
+
+
+def test_write_table_equals_plan_then_write_on_gpu(cuda_ready):
+    rng = rng_for("write_table-two-pass")
+    for block_size, window, pad_row in PARAMS[:4]:
+        b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=2, max_extend=40)
+        tokens = make_write_tokens(rng, b)
+        gb, gc, gt = to_device((b, cases, tokens), "cuda")
+        a, two = to_device(gc, "cuda"), to_device(gc, "cuda")
+        kc.launch_canary_write_from_table(contexts=[c.context() for c in a], **gb.write_kwargs(True), **gt.kwargs())
+        vp = kc.VerifyPlan.allocate(verify_capacity=1 + int(b.prefix_lens.clamp(min=0).sum()), device="cuda")
+        wp = kc.WritePlan.allocate(write_req_capacity=max(b.bs, 1), device="cuda")
+        kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=wp, verify_capacity=vp.capacity,
+                                      **gb.plan_kwargs(True))
+        for c in two:
+            kc.launch_canary_write_kernel(context=c.context(), plan=wp, **gt.kwargs())
+        torch.cuda.synchronize()
+        compare_cases(to_device(a, "cpu"), to_device(two, "cpu"))
+
+
+def test_write_table_sources_smaller_than_the_canary(cuda_ready):
+    rng = rng_for("write_table-coverage")
+    for mode in (Mode.PARTIAL, Mode.ALL):
+        b = make_table_batch(rng, block_size=8, max_blocks=8, n_active=6, max_reqs=10, max_extend=40)
+        cases = [make_canary_case(rng, b.num_slots, n_sources=2, mode=mode, page_size=4,
+                                  source_rows=b.num_slots // 8, ring_capacity=ring_for(b, 1, 64)) for _ in range(2)]
+        _, rows = run_write_table(b, cases, make_write_tokens(rng, b), paged=True, rng=rng)
+        assert rows > 0
+
+
+# ------------------------------------------------------------------------------- the SGLang-named ops
+
+
+def test_write_and_verify_sglang_ops_with_sources_smaller_than_the_canary(cuda_ready):
+    """The SGLang-named kernels apply the same coverage rule (SPEC §9) with their by-value sources."""
+    rng = rng_for("sglang-coverage")
+    b = make_table_batch(rng, block_size=4, max_blocks=16, n_active=6, max_reqs=10, max_extend=40)
+    case = make_canary_case(rng, b.num_slots, n_sources=2, mode=Mode.PARTIAL, page_size=2,
+                            source_rows=b.num_slots // 3, ring_capacity=ring_for(b, 1, 64))
+    stamp_batch(rng, case, b)
+    tokens = make_write_tokens(rng, b)
+    out = {}
+    for dev in ("cpu", "cuda"):
+        bb, cc, tt = to_device((b, case, tokens), dev)
+        cap = 1 + int(b.prefix_lens.clamp(min=0).sum())
+        vp = kc.VerifyPlan.allocate(verify_capacity=cap, device=dev)
+        wp = kc.WritePlan.allocate(write_req_capacity=b.bs, device=dev)
+        kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=wp, verify_capacity=cap,
+                                      **bb.plan_kwargs(True))
+        kc.launch_canary_verify_kernel(context=cc.context(), plan=vp, check_verify_expected_token=True)
+        kc.launch_canary_write_kernel(context=cc.context(), plan=wp, **tt.kwargs())
+        out[dev] = cc
+    torch.cuda.synchronize()
+    assert compare_cases([out["cpu"]], [to_device(out["cuda"], "cpu")]) > 0
+
+
+def test_sglang_ops_refuse_five_sources_on_gpu(cuda_ready):
+    rng = rng_for("five-sources")
+    case = make_canary_case(rng, 64, n_sources=5, mode=Mode.PARTIAL, page_size=1).to("cuda")
+    before = case.canary.clone()
+    runs = int(case.log.kernel_counter[0])
+    vp = kc.VerifyPlan.allocate(verify_capacity=4, device="cuda")
+    wp = kc.WritePlan.allocate(write_req_capacity=1, device="cuda")
+    z = torch.zeros(1, dtype=torch.int64, device="cuda")
+    with pytest.raises(ValueError, match="at most 4 RealKvSource"):
+        kc.launch_canary_verify_kernel(context=case.context(), plan=vp, check_verify_expected_token=False)
+    with pytest.raises(ValueError, match="at most 4 RealKvSource"):
+        kc.launch_canary_write_kernel(context=case.context(), plan=wp, input_ids=z, positions=z, out_cache_loc=z,
+                                      enable_write_input_assert=False, expected_input_tokens=None,
+                                      expected_input_positions=None)
+    torch.cuda.synchronize()
+    assert torch.equal(before, case.canary) and int(case.log.kernel_counter[0]) == runs  # nothing launched
+    # ... while kvcanary's own op takes them (a padding row: no entries, one kernel run).
+    kc.launch_canary_verify_from_table(contexts=(case.context(),), req_pool_indices=z,
+                                       prefix_lens=torch.zeros(1, dtype=torch.int64, device="cuda"),
+                                       req_to_token=torch.zeros((2, 4), dtype=torch.int32, device="cuda"))
+    torch.cuda.synchronize()
+    assert int(case.log.kernel_counter[0]) == runs + 1

@@ -1,0 +1,283 @@
+"""The CUDA kernels, executed on the CPU, against the CPU reference (no GPU needed).
+
+``support.cuda_emu`` compiles each kernel specialization's exact source with a host emulation of the CUDA
+intrinsics the kernels use (one OS thread per CUDA thread; every ``__syncthreads`` and warp collective is a real
+barrier, so one that not every thread reaches hangs and the timeout reports it) and routes the public ops on CPU
+tensors through the CUDA backend: validation, the launchers' parameter packing, the grids and the kernels all
+run. Each case runs the same op through the emulated CUDA path and through the reference on copies of one random
+state (``support.table_cases``), poisoned outputs included, and compares every byte (violation rows as a
+multiset: several threads append). Sizes are small (emulated threads are slow) but cross the kernels' tile and
+chunk boundaries, and grids are sized for one SM, so several blocks share the work.
+
+``KVCANARY_EMU_CFLAGS=-fsanitize=thread`` (with ``LD_PRELOAD`` of libtsan) runs the kernels under ThreadSanitizer:
+it reports races on global memory, but its view of shared-memory races is incomplete (the emulated barriers
+synchronize more than a GPU does); compute-sanitizer's racecheck on the GPU is the reference for those.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kvcanary as kc
+from kvcanary import RealKvHashMode as Mode
+from support.cuda_emu import compiler, emulated_cuda
+from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
+from support.table_cases import (
+    make_canary_case,
+    make_canary_cases,
+    make_records_case,
+    make_table_batch,
+    make_write_tokens,
+    stamp_batch,
+    to_device,
+)
+
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C++ compiler")
+
+
+@pytest.fixture
+def emu(monkeypatch):
+    with emulated_cuda(monkeypatch, sms=1) as state:
+        yield state
+
+
+def _compare(cpu_cases, emu_cases) -> int:
+    rows, seen = 0, set()
+    for c, g in zip(cpu_cases, emu_cases):
+        assert_same_bytes(c.canary, g.canary, "canary_buf")
+        if id(c.log) not in seen:
+            seen.add(id(c.log))
+            assert int(c.log.index[0]) <= c.log.ring.shape[0], "ring too small for a multiset comparison"
+            rows += compare_logs(c.log, g.log)
+    return rows
+
+
+def _ring(b, n_contexts=1) -> int:
+    return n_contexts * (int(b.prefix_lens.clamp(min=0).sum()) + 4 * int(b.extend_seq_lens.clamp(min=0).sum())
+                         + b.bs + 64)
+
+
+def _setup(rng, *, block_size, window, pad_row, n_contexts, n_sources, mode, shared_log=False, n_active=8,
+           max_blocks=None, max_extend=8, source_rows=None):
+    b = make_table_batch(rng, block_size=block_size, max_blocks=max_blocks or max(2, 128 // block_size),
+                         pad_row=pad_row, window=window, token_offset=int(rng.integers(0, 2)), n_active=n_active,
+                         max_reqs=n_active + 4, max_extend=max_extend)
+    cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=n_sources, mode=mode, shared_log=shared_log,
+                              stride=int(rng.choice([32, 40, 48])), ring_capacity=_ring(b, n_contexts),
+                              flag=int(rng.choice([0, 1])), source_rows=source_rows)
+    for c in cases:
+        stamp_batch(rng, c, b, corrupt=0.2)
+    return b, cases
+
+
+def _run(emu, op, make_kwargs, state):
+    """``op(**make_kwargs(copy))`` on a reference copy and on an emulated-CUDA copy of ``state``."""
+    ref, got = to_device(state, "cpu"), to_device(state, "cpu")
+    op(**make_kwargs(ref))
+    with emu.cuda():
+        op(**make_kwargs(got))
+    return ref, got
+
+
+# ----------------------------------------------------------------------------------------------- verify
+
+
+@pytest.mark.parametrize("block_size, window, pad_row, n_contexts, mode", [
+    (1, 0, 0, 1, Mode.NONE), (16, 7, -1, 2, Mode.PARTIAL), (64, 0, -1, 5, Mode.ALL), (4, 30, 0, 3, Mode.PARTIAL),
+])
+def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mode):
+    rng = rng_for("emu-verify_table", block_size, window, pad_row, n_contexts)
+    b, cases = _setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=n_contexts,
+                      n_sources=int(rng.integers(1, 3)), mode=mode, shared_log=n_contexts == 3,
+                      n_active=24 if block_size == 1 else 8, max_blocks=300 if block_size == 1 else None,
+                      source_rows=None if mode != Mode.ALL else 3)
+    inv = random_bytes(rng, (1,), torch.int32)
+    for paged in (True, False):
+        ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                        lambda s, paged=paged: dict(contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
+                                                    **s[0].verify_kwargs(paged, check_token=paged)), (b, cases, inv))
+        assert _compare(ref[1], got[1]) > 0
+        assert_same_bytes(ref[2], got[2], "invalid_rows_out")
+    assert {name for name, _, _ in emu.launched} == {"kvc_verify_from_table"}
+    assert len(emu.launched) == 2 * (1 + (n_contexts - 1) // 4)
+
+
+def test_verify_table_emulated_many_rows(emu):
+    """More rows than a tile (256) and entries spread over several blocks' chunks."""
+    rng = rng_for("emu-verify_table-rows")
+    b, cases = _setup(rng, block_size=2, window=0, pad_row=0, n_contexts=1, n_sources=0, mode=Mode.NONE,
+                      n_active=300, max_blocks=4)
+    ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                    lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(True)), (b, cases))
+    assert _compare(ref[1], got[1]) > 0
+
+
+# ----------------------------------------------------------------------------------------------- write
+
+
+@pytest.mark.parametrize("block_size, window, pad_row, n_contexts, mode, max_extend", [
+    (1, 0, 0, 1, Mode.NONE, 6), (16, 7, -1, 2, Mode.PARTIAL, 40), (8, 0, 0, 5, Mode.ALL, 250),
+])
+def test_write_table_emulated(emu, block_size, window, pad_row, n_contexts, mode, max_extend):
+    rng = rng_for("emu-write_table", block_size, window, pad_row, n_contexts)
+    b, cases = _setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=n_contexts,
+                      n_sources=1, mode=mode, n_active=6, max_extend=max_extend,
+                      max_blocks=max(4, (max_extend + 64) // block_size), source_rows=None)
+    rows = 0
+    for assert_on in (False, True):
+        tokens = make_write_tokens(rng, b, assert_on=assert_on, short=int(assert_on), out_of_range=0.15)
+        inv = random_bytes(rng, (1,), torch.int32)
+        ref, got = _run(emu, kc.launch_canary_write_from_table,
+                        lambda s, paged=assert_on: dict(contexts=tuple(c.context() for c in s[1]),
+                                                        invalid_rows_out=s[3], **s[0].write_kwargs(paged),
+                                                        **s[2].kwargs()),
+                        (b, cases, tokens, inv))
+        rows += _compare(ref[1], got[1])
+        assert_same_bytes(ref[3], got[3], "invalid_rows_out")
+    assert rows > 0
+
+
+def test_write_table_emulated_many_rows(emu):
+    """More rows than a tile of the row scan (1024), one token each (the warp path)."""
+    rng = rng_for("emu-write_table-rows")
+    b, cases = _setup(rng, block_size=1, window=0, pad_row=-1, n_contexts=2, n_sources=0, mode=Mode.NONE,
+                      n_active=1100, max_blocks=6, max_extend=2)
+    tokens = make_write_tokens(rng, b)
+    ref, got = _run(emu, kc.launch_canary_write_from_table,
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
+                                   **s[2].kwargs()), (b, cases, tokens))
+    _compare(ref[1], got[1])
+
+
+# ------------------------------------------------------------------------------- the SGLang-named ops
+
+
+@pytest.mark.parametrize("paged, mode, max_extend, n_sources, stride", [
+    (True, Mode.PARTIAL, 40, 2, 32), (False, Mode.NONE, 300, 2, 48), (True, Mode.ALL, 60, 4, 40)])
+def test_plan_verify_write_emulated(emu, paged, mode, max_extend, n_sources, stride):
+    """plan (block table or req_to_token), verify and write of the SGLang-named ops, sources covering fewer
+    slots than the canary, requests on both the warp and the block path of the write."""
+    rng = rng_for("emu-sglang", paged, int(mode))
+    b = make_table_batch(rng, block_size=4, max_blocks=(max_extend + 64) // 4, n_active=6, max_reqs=10,
+                         max_extend=max_extend, window=5 if paged else 0)
+    case = make_canary_case(rng, b.num_slots, n_sources=n_sources, mode=mode, page_size=2, stride=stride,
+                            source_rows=b.num_slots // 3, ring_capacity=_ring(b))
+    stamp_batch(rng, case, b, corrupt=0.2)
+    tokens = make_write_tokens(rng, b, assert_on=True)
+    cap = 1 + int(b.prefix_lens.clamp(min=0).sum())
+    plans = (random_bytes(rng, (cap,), torch.int64), random_bytes(rng, (b.bs + 3,), torch.int64))
+
+    def step(s):
+        bb, cc, tt, (vslots, woffs) = s
+        vp = kc.VerifyPlan.allocate(verify_capacity=cap)
+        vp.verify_slot_indices.copy_(vslots)
+        wp = kc.WritePlan.allocate(write_req_capacity=b.bs + 2)
+        wp.write_offsets.copy_(woffs)
+        inv = torch.zeros(1, dtype=torch.int32)
+        kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=wp, verify_capacity=cap,
+                                      invalid_rows_out=inv, **bb.plan_kwargs(paged))
+        kc.launch_canary_verify_kernel(context=cc.context(), plan=vp, check_verify_expected_token=True)
+        kc.launch_canary_write_kernel(context=cc.context(), plan=wp, **tt.kwargs())
+        return vp, wp, inv
+
+    ref_state, got_state = to_device((b, case, tokens, plans), "cpu"), to_device((b, case, tokens, plans), "cpu")
+    ref = step(ref_state)
+    with emu.cuda():
+        got = step(got_state)
+    for name in ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
+                 "verify_prev_slot_indices", "verify_num_valid", "enable"):
+        assert_same_bytes(getattr(ref[0], name), getattr(got[0], name), name)
+    for name in ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs"):
+        assert_same_bytes(getattr(ref[1], name), getattr(got[1], name), name)
+    assert_same_bytes(ref[2], got[2], "invalid_rows")
+    assert _compare([ref_state[1]], [got_state[1]]) > 0
+    assert {n for n, _, _ in emu.launched} == {"kvc_plan_verify_offsets", "kvc_plan_verify_entries",
+                                               "kvc_plan_write_meta", "kvc_verify", "kvc_write"}
+
+
+# ----------------------------------------------------------------------------------------------- records
+
+
+def test_records_emulated(emu):
+    rng = rng_for("emu-records")
+    case = make_records_case(rng, n=700, num_slots=500, stride=40, other_slots=800, other_stride=48)
+    ops = [
+        (kc.gather_canary_records, lambda c: dict(canary_buf=c.canary, slots=c.slots, records_out=c.records_out,
+                                                  out_of_range_out=c.out_of_range)),
+        (kc.scatter_canary_records, lambda c: dict(canary_buf=c.other, slots=c.dst_slots, records=c.records,
+                                                   out_of_range_out=c.out_of_range)),
+        (kc.copy_canary_records, lambda c: dict(src_canary_buf=c.canary, src_slots=c.slots, dst_slots=c.dst_slots,
+                                                dst_canary_buf=c.other, out_of_range_out=c.out_of_range)),
+    ]
+    for op, kw in ops:
+        ref, got = _run(emu, op, kw, case)
+        for name in ("canary", "other", "records_out", "out_of_range"):
+            assert_same_bytes(getattr(ref, name), getattr(got, name), f"{op.__name__}: {name}")
+        assert int(ref.out_of_range[0]) > 0
+    assert {n for n, _, _ in emu.launched} == {"kvc_gather_records", "kvc_scatter_records", "kvc_copy_records"}
+
+
+def test_scatter_request_tokens_emulated(emu):
+    rng = rng_for("emu-scatter")
+    bs, cols = 40, 37
+    rp = rng.permutation(np.arange(60))[:bs]
+    lens = rng.integers(0, cols + 5, bs)
+    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+    flat = rng.integers(-(1 << 40), 1 << 40, int(offsets[-1]))
+    pool = random_bytes(rng, (60, cols), torch.int32)
+    state = (torch.from_numpy(flat), torch.from_numpy(offsets), torch.from_numpy(rp.astype(np.int64)), pool)
+    ref, got = _run(emu, kc.launch_scatter_req_token_ids_kernel,
+                    lambda s: dict(flat_in=s[0], offsets=s[1], req_pool_indices=s[2], pool_out=s[3]), state)
+    assert_same_bytes(ref[3], got[3], "pool_out")
+
+
+def _repeat_slots_within_requests(rng, b, tokens, k: int) -> int:
+    """Make ``k`` tokens name the slot of an earlier token of the same request (the later token's record wins,
+    every stamp counts). Returns the number of repeats made."""
+    rows = b.active_rows()
+    wl = np.maximum(b.extend_seq_lens.numpy()[rows], 0)
+    starts = np.concatenate([[0], np.cumsum(wl)])
+    loc = tokens.out_cache_loc.numpy()  # shares memory with the tensor
+    n = len(loc)
+    made = 0
+    for _ in range(k):
+        r = int(rng.integers(0, len(rows)))
+        lo, hi = int(starts[r]), min(int(starts[r + 1]), n)
+        if hi - lo < 2:
+            continue
+        i, j = sorted(rng.choice(np.arange(lo, hi), 2, replace=False))
+        if loc[i] >= 0:
+            loc[j] = loc[i]
+            made += 1
+    return made
+
+
+@pytest.mark.parametrize("max_extend", [20, 300])
+def test_write_repeated_slots_emulated(emu, max_extend):
+    """Slots repeated inside a request, on the warp path (<= 32 tokens) and across and inside the tiles of the
+    block path: the plan-free write (two contexts) and the SGLang-named write keep the later token's record."""
+    rng = rng_for("emu-repeat", max_extend)
+    b, cases = _setup(rng, block_size=4, window=0, pad_row=0, n_contexts=2, n_sources=1, mode=Mode.PARTIAL,
+                      n_active=6, max_extend=max_extend, max_blocks=(max_extend + 64) // 4)
+    tokens = make_write_tokens(rng, b, skip=0.0, out_of_range=0.0, misplaced=0.0)
+    assert _repeat_slots_within_requests(rng, b, tokens, 60) > 10
+    ref, got = _run(emu, kc.launch_canary_write_from_table,
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(True),
+                                   **s[2].kwargs()), (b, cases, tokens))
+    _compare(ref[1], got[1])
+
+    def two_pass(s):
+        bb, cc, tt = s
+        vp = kc.VerifyPlan.allocate(verify_capacity=1 + int(b.prefix_lens.clamp(min=0).sum()))
+        wp = kc.WritePlan.allocate(write_req_capacity=b.bs)
+        kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=wp, verify_capacity=vp.capacity,
+                                      **bb.plan_kwargs(False))
+        kc.launch_canary_write_kernel(context=cc[0].context(), plan=wp, **tt.kwargs())
+
+    ref, got = to_device((b, cases, tokens), "cpu"), to_device((b, cases, tokens), "cpu")
+    two_pass(ref)
+    with emu.cuda():
+        two_pass(got)
+    _compare(ref[1][:1], got[1][:1])
