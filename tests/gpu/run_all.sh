@@ -3,7 +3,7 @@
 #
 #     OUT=/some/dir bash tests/gpu/run_all.sh          # OUT defaults to ./gpu_run_out
 #
-# 1. tests      - the whole test suite, GPU tests included:       python3 -m pytest -q tests
+# 1. tests      - the GPU tests (TEST_PATHS, default tests/gpu and the CuPy compile check; "tests" = everything)
 #                 (less the per-specialization NVRTC compile check, which the CPU CI runs: on this machine the
 #                 kernels are compiled by CuPy itself, and the option-model test checks CuPy's options)
 # 2. memcheck   - the GPU tests again under compute-sanitizer --tool memcheck, with KVCANARY_GPU_SMALL=1
@@ -15,6 +15,14 @@
 #                 kernels_cu/: today plan, write, verify_table, write_table; GPU test names carry the family
 #                 name), under compute-sanitizer --tool racecheck
 # 4. bench      - bench/bench_cuda.py (writes $OUT/bench.md)
+# 5. host       - bench/bench_host.py: host time of a KVCanary step and of one SGLang-named op call
+#                 (writes $OUT/bench_host.md)
+# 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
+#                 transformers' continuous batching (writes $OUT/bench_transformers.md)
+#
+# transformers 5.24.0 (the version the integration is pinned to) is installed from .whl/ when a wheel is there
+# (carry .whl with the call): pip install --no-deps --target /tmp/site, then PYTHONPATH; its GPU tests are part
+# of "tests" and are skipped without it.
 #
 # Logs: $OUT/tests.log, memcheck.log, racecheck.log, bench.log, bench.md, summary.md (6 files). The summary
 # table (part, result, seconds, sanitizer errors) is printed last. Exit status 0 only when every part
@@ -33,7 +41,16 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
-RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench}"
+RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf}"
+T_HOST="${T_HOST:-60}"
+# What the tests part runs: the GPU tests and the CuPy-side compile check by default (the CPU suite is CI's);
+# TEST_PATHS=tests runs everything.
+TEST_PATHS="${TEST_PATHS:-tests/gpu tests/ops/test_nvrtc_compile.py}"
+T_HF="${T_HF:-120}"
+if ls .whl/transformers-*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-deps --no-index --no-compile --target /tmp/site .whl/transformers-*.whl \
+        && export PYTHONPATH="/tmp/site:$PYTHONPATH"
+fi
 T_TESTS="${T_TESTS:-300}"
 T_MEMCHECK="${T_MEMCHECK:-200}"
 T_RACECHECK="${T_RACECHECK:-150}"
@@ -120,7 +137,10 @@ has_part() { [[ " $RUN_PARTS " == *" $1 "* ]]; }
 
 # ---- 1. the whole suite
 if has_part tests; then
-    run_part tests "$T_TESTS" "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider tests \
+    # Compile every kernel once first (CuPy's on-disk cache then serves the test processes).
+    "$PY" -c "import kvcanary; print('kernels loaded:', kvcanary.warmup(0))" 2>&1 | tail -n 2
+    # shellcheck disable=SC2086
+    run_part tests "$T_TESTS" "$OUT/tests.log" "$PY" -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:-} $TEST_PATHS \
         -k "not test_spec_compiles_clean"
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
@@ -197,6 +217,22 @@ if has_part bench; then
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("bench|$(result_word $rc)$(grep -q '^checks: all clean' "$OUT/bench.log" && echo ', checks clean')|$PART_SECONDS|-")
+fi
+
+# ---- 5. host time of the hot path
+if has_part host; then
+    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py
+    rc=$?
+    [[ $rc -ne 0 ]] && FAILED=1
+    SUMMARY+=("host|$(result_word $rc)|$PART_SECONDS|-")
+fi
+
+# ---- 6. the canary's overhead on HF transformers' continuous batching
+if has_part hf; then
+    OUT="$OUT" run_part hf "$T_HF" "$OUT/bench_transformers.log" "$PY" bench/bench_transformers.py
+    rc=$?
+    [[ $rc -ne 0 ]] && FAILED=1
+    SUMMARY+=("hf|$(result_word $rc)|$PART_SECONDS|-")
 fi
 
 {
