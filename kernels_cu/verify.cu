@@ -2,7 +2,8 @@
 //
 // Specializations: KVC_CHECK_TOKEN (check_verify_expected_token), KVC_HAS_REAL_KV (fingerprint real KV;
 // 0 = NONE mode or no sources, the fingerprint is 0). One parameter: KvcVerifyParams (up to four real-KV
-// sources by value: SGLang's ABI).
+// sources by value: SGLang's ABI; or, for kvcanary's own callers, the context's device descriptor table of any
+// number of sources, used when ctx.num_sources > 0).
 //
 // Design: a fixed persistent grid (sized from the capacity and the SM count, never from the active
 // count) strides over the entries; the active count and `enable` are read on the device. Each thread
@@ -127,7 +128,18 @@ kvc_verify(const __grid_constant__ KvcVerifyParams p) {
 #endif
                 if (pos[u] != exp_pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
 #if KVC_HAS_REAL_KV
-                const kvc_i64 fingerprint = (kvc_i64)kvc_fingerprint4(p.rkv, slot[u]);
+                // Four sources or fewer come by value (SGLang's ABI); kvcanary's own callers (the canary
+                // object's sweep) may fold any number through the context's descriptor table.
+                kvc_i64 fingerprint;
+                if (p.ctx.num_sources > 0) {
+                    kvc_u64 w0, w1;
+                    kvc_load16(kvc_source_bytes(p.ctx.sources, slot[u]), w0, w1);
+                    fingerprint = (kvc_i64)kvc_fingerprint_table<kvc::kFoldLoadsInFlight>(p.ctx.sources,
+                                                                                          p.ctx.num_sources, slot[u],
+                                                                                          w0, w1);
+                } else {
+                    fingerprint = (kvc_i64)kvc_fingerprint4(p.rkv, slot[u]);
+                }
 #else
                 const kvc_i64 fingerprint = 0;
 #endif

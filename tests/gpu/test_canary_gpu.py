@@ -261,3 +261,13 @@ def test_steps_after_empty_cache_and_reallocated_engine_tensors():
     for tag in cpu.canary.buffers:
         assert torch.equal(cpu.canary.buffers[tag], gpu.canary.buffers[tag].cpu()), tag.name
     assert torch.equal(cpu.canary.counters, gpu.canary.counters.cpu())
+
+
+def test_every_layer_fingerprinted_sweep_and_tail_on_cuda():
+    """64 sources: the TAIL launches and the sweep (plan-based verify through the descriptor table) fold them all."""
+    from support.scenarios import every_layer_scenario
+
+    assert every_layer_scenario(DEV) == every_layer_scenario("cpu")
+    swept, tailed = every_layer_scenario(DEV)
+    assert swept == [(T.SWEEP_V_FULL, 6, F.VERIFY_REAL_KV_HASH_MISMATCH)]
+    assert tailed == [(T.TAIL_K_FULL, 2, F.VERIFY_REAL_KV_HASH_MISMATCH)]

@@ -9,6 +9,7 @@ import kvcanary as kc
 from kvcanary import CanaryLaunchTag as T
 from kvcanary import FailReason as F
 from kvcanary.runtime.status import Kernel
+from support.scenarios import every_layer_scenario
 
 
 def t64(xs):
@@ -103,29 +104,6 @@ def test_fresh_batch_tensors_every_step_are_fine():
 def test_every_layer_fingerprinted_head_tail_and_sweep():
     """32 layers x K/V: one source per layer and half (SPEC §13); a byte flipped in the last layer's V of an idle
     slot is found by the sweep, and of a live slot by the next TAIL."""
-    layers = [torch.zeros((16, 16), dtype=torch.int16) for _ in range(64)]   # 16 slots x 32 bytes each
-    srcs = [kc.RealKvSource(tensor=t, page_size=1, num_bytes_per_token=32, read_bytes=32) for t in layers]
-    c = kc.KVCanary(num_slots=16, max_batch_size=2, k_sources=srcs[:32], v_sources=srcs[32:], mode="quiet")
-    r2t = torch.zeros((3, 8), dtype=torch.int32)
-    r2t[1, :4] = torch.tensor([1, 2, 3, 4], dtype=torch.int32)
-    r2t[2, :4] = torch.tensor([5, 6, 7, 8], dtype=torch.int32)
-    for row, base in ((1, 1), (2, 5)):
-        b = dict(req_pool_indices=t64([row]), prefix_lens=t64([0]), extend_seq_lens=t64([4]), req_to_token=r2t,
-                 input_ids=t64([10, 11, 12, 13]), positions=t64([0, 1, 2, 3]), out_cache_loc=t64(range(base, base + 4)))
-        c.step("head", **b)
-        for i, t in enumerate(layers):
-            t[base:base + 4] = i + 3
-        c.step("tail", **b)
-    assert c.poll(sync=True) == []
-    layers[-1][6, 0] ^= 0x10                   # request 2 is idle now: only a sweep sees it
-    c.sweep(t64([5, 6, 7, 8]), t64([0, 1, 2, 3]), t64([-1, 5, 6, 7]))
-    found = c.poll(sync=True)
-    assert [(v.tag, v.slot, v.reasons) for v in found] == [(T.SWEEP_V_FULL, 6, F.VERIFY_REAL_KV_HASH_MISMATCH)]
-    layers[31][2, 3] ^= 0x01                   # the last layer's K of a live slot
-    b = dict(req_pool_indices=t64([1]), prefix_lens=t64([4]), extend_seq_lens=t64([1]), req_to_token=r2t,
-             input_ids=t64([14]), positions=t64([4]), out_cache_loc=t64([9]))
-    r2t[1, 4] = 9
-    c.step("head", **b)
-    c.step("tail", **b)
-    found = c.poll(sync=True)
-    assert [(v.tag, v.slot, v.reasons) for v in found] == [(T.TAIL_K_FULL, 2, F.VERIFY_REAL_KV_HASH_MISMATCH)]
+    swept, tailed = every_layer_scenario("cpu")
+    assert swept == [(T.SWEEP_V_FULL, 6, F.VERIFY_REAL_KV_HASH_MISMATCH)]
+    assert tailed == [(T.TAIL_K_FULL, 2, F.VERIFY_REAL_KV_HASH_MISMATCH)]

@@ -1,8 +1,9 @@
 """Verify (SPEC §7) on CUDA: launches ``kvc_verify`` of ``kernels_cu/verify.cu``.
 
 CPU twin: :mod:`kvcanary.ops.reference.verify`. A persistent grid fixed by the plan capacity and the SM
-count; ``enable`` and ``verify_num_valid`` are read on the device. Up to four real-KV sources, by value
-(SGLang's limit; more are refused).
+count; ``enable`` and ``verify_num_valid`` are read on the device. Up to four real-KV sources by value
+(SGLang's limit, which the SGLang-named op enforces); more, from kvcanary's own callers, through the context's
+device descriptor table.
 """
 
 from __future__ import annotations
@@ -11,7 +12,13 @@ from typing import Any
 
 from kvcanary.ops.cuda import params as P
 from kvcanary.ops.cuda.grids import sm_count, verify_grid
-from kvcanary.ops.cuda.launch import folds_real_kv, launch, resolve_stream, sglang_context_words
+from kvcanary.ops.cuda.launch import (
+    folds_real_kv,
+    launch,
+    resolve_stream,
+    sglang_context_words,
+    table_context_words,
+)
 from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.launches import VerifyLaunch
 
@@ -20,8 +27,14 @@ def verify(launch_rec: VerifyLaunch, stream: Any = None) -> None:
     """Check the records named by ``launch_rec``'s plan on its CUDA device, on ``stream``."""
     rec = launch_rec
     dev = rec.device.index
-    ctx_rkv = sglang_context_words(rec.ctx)  # refuses more than four sources
     s = resolve_stream(stream, rec.device)
+    if len(rec.ctx.real_kv_sources) <= P.MAX_BY_VALUE_SOURCES:
+        ctx_rkv = sglang_context_words(rec.ctx)
+    else:
+        # More than four sources reach here only from kvcanary's own callers (the canary object's sweep; the
+        # SGLang-named op refuses them in validation): the kernel folds them through the descriptor table.
+        ctx_rkv = (*table_context_words(rec.ctx, dev, s), *P.REAL_KV4.pack(
+            ptr=[0] * 4, page_size=[0] * 4, bytes_per_token=[0] * 4, row_stride=[0] * 4, nbytes=[0] * 4, count=0))
     has_real_kv = folds_real_kv(rec.ctx)
     p = rec.plan
     words = P.VERIFY.pack(
