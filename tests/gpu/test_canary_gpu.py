@@ -22,7 +22,7 @@ from kvcanary.testing.scenarios import FAULT_NAMES, run_fault_scenario  # noqa: 
 
 DEV = torch.device("cuda", 0)
 PAGE, DIM = 4, 16                      # 16 int16 = 32 bytes of K (and of V) per token
-NUM_SLOTS, SWA_SLOTS, WINDOW = 256, 128, 4
+NUM_SLOTS, SWA_SLOTS, WINDOW = 512, 512, 4  # every FULL slot the tests use has an SWA slot
 MAX_REQS, MAX_SEQ = 6, 64
 ROWS = [1, 2, 3, 4]                    # live request rows; the batch adds 2 padding rows
 BS = len(ROWS) + 2
