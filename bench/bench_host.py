@@ -180,6 +180,23 @@ def time_sglang_verify(device: torch.device, runs: int) -> list[float]:
     return out
 
 
+def profile_steps(e: Engine, steps: int) -> str:
+    """cProfile of ``steps`` step() calls (HEAD and TAIL alternating): the top functions by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    pr = cProfile.Profile()
+    pr.enable()
+    for i in range(steps):
+        e.canary.step("head" if i % 2 == 0 else "tail", **e.batch)
+    pr.disable()
+    e.sync()
+    out = io.StringIO()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(22)
+    return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
+
+
 def p90(xs: list[float]) -> float:
     return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
@@ -191,12 +208,15 @@ def main(argv=None) -> int:
     ap.add_argument("--null-backend", action="store_true", help="launches do nothing (Python cost only)")
     ap.add_argument("--bs", type=int, default=BS)
     ap.add_argument("--prefix", type=int, default=PREFIX)
+    ap.add_argument("--profile", action="store_true",
+                    help="also profile 200 K+V FULL steps with cProfile: the host time call by call")
     args = ap.parse_args(argv)
     dev = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if dev.type == "cuda":
         dev = torch.device("cuda", torch.cuda.current_device())
         kc.warmup(dev)
     steps = args.steps if (dev.type == "cuda" or args.null_backend) else min(args.steps, 10)
+    profile_text = ""
     what = f"{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else "CPU"
     rows = []
     for label, swa in (("step K+V FULL", False), ("step K+V FULL+SWA", True)):
@@ -210,6 +230,8 @@ def main(argv=None) -> int:
                 host, gpu = time_steps(e, steps)
         else:
             host, gpu = time_steps(e, steps)
+        if args.profile and not swa:
+            profile_text = profile_steps(e, 200)
         found = e.canary.poll(sync=True)
         if found and not args.null_backend:
             print(f"FAILED: {label}: {len(found)} violation(s) on a clean workload, e.g. {found[0]}", file=sys.stderr)
@@ -230,6 +252,10 @@ def main(argv=None) -> int:
     for label, med, hi, gpu in rows:
         share = "-" if gpu is None else f"{100 * med / max(gpu, med):.0f} %"
         lines.append(f"| {label} | {med:.1f} | {hi:.1f} | {'-' if gpu is None else f'{gpu:.1f}'} | {share} |")
+    if args.profile:
+        lines += ["", "Host time call by call (cProfile, 200 steps of the K+V FULL case; tottime = the function's own "
+                  "time, cumtime = with what it calls; the profiler adds its own overhead per call):", "", "```",
+                  profile_text, "```"]
     text = "\n".join(lines)
     print(text)
     out = os.environ.get("OUT")

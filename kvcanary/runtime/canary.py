@@ -229,6 +229,7 @@ class KVCanary:
         self._step_no = 0                  # end_step() calls: the step number violations are attributed to
         self._calls = {"head": 0, "tail": 0, "sweep": 0}
         self._last_sweep_head = 0          # HEAD steps at the last sweep (for sweep_due)
+        self._table_views: TableViews | None = None   # the last req_to_token's views, reused while unchanged
 
         self.sweep_interval = None if sweep_interval is None else check_capacity("sweep_interval", sweep_interval)
         self.sweep_groups = tuple(sweep_groups)
@@ -438,7 +439,7 @@ class KVCanary:
         self.phases.commit(phase)
         if not is_capturing(self.device):
             self._calls[phase] += 1
-            self.end_step()
+            self._close_step(watchdog=True)
 
     def _launch_step(self, phase: str, req_pool_indices: Any, prefix_lens: Any, extend_seq_lens: Any,
                      input_ids: Any, positions: Any, out_cache_loc: Any, req_to_token: Any, block_table: Any,
@@ -520,7 +521,13 @@ class KVCanary:
             t = array_on("block_table", block_table, "int32", self._dev, ndim=2)
             return TableViews(req_to_token=None, block_table=t, block_size=self.block_size, pad_row=self.pad_row)
         t = array_on("req_to_token", req_to_token, "int32", self._dev, ndim=2)
-        return TableViews(req_to_token=t, block_table=None, block_size=1, pad_row=self.pad_row)
+        cached = self._table_views
+        c = cached.req_to_token if cached is not None else None
+        if c is not None and c.obj is t.obj and c.ptr == t.ptr and c.shape == t.shape and c.strides == t.strides:
+            assert cached is not None
+            return cached  # the same table as last step (same object, address, shape and strides)
+        self._table_views = TableViews(req_to_token=t, block_table=None, block_size=1, pad_row=self.pad_row)
+        return self._table_views
 
     def _lut(self) -> ArrayView:
         assert self.swa is not None
@@ -586,7 +593,7 @@ class KVCanary:
                 self._last_sweep_head = self._calls["head"]
                 # A sweep closes a canary step of its own, but only engine steps feed the watchdog: an idle
                 # engine may sweep without forwards.
-                self._end_step(watchdog=False)
+                self._close_step(watchdog=False)
 
     # -- reporting ---------------------------------------------------------------------------------------
 
@@ -601,8 +608,10 @@ class KVCanary:
         self._end_step(watchdog=True)
 
     def _end_step(self, *, watchdog: bool) -> None:
-        if is_capturing(self.device):
-            return
+        if not is_capturing(self.device):
+            self._close_step(watchdog=watchdog)
+
+    def _close_step(self, *, watchdog: bool) -> None:
         self._step_no += 1
         snapshots, new = self.collector.end_step(self._step_no)   # may raise CanaryViolationError
         self._observe(snapshots, new, watchdog=watchdog)

@@ -19,6 +19,7 @@
 #                 (writes $OUT/bench_host.md)
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
+# 7. ncu        - Nsight Compute counters of one plan-free verify launch at shape B (bench/profile_verify_table.py)
 #
 # transformers 5.24.0 (the version the integration is pinned to) is installed from .whl/ when a wheel is there
 # (carry .whl with the call): pip install --no-deps --target /tmp/site, then PYTHONPATH; its GPU tests are part
@@ -41,7 +42,8 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
-RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf}"
+RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf ncu}"
+T_NCU="${T_NCU:-60}"
 T_HOST="${T_HOST:-60}"
 # What the tests part runs: the GPU tests and the CuPy-side compile check by default (the CPU suite is CI's);
 # TEST_PATHS=tests runs everything.
@@ -221,7 +223,7 @@ fi
 
 # ---- 5. host time of the hot path
 if has_part host; then
-    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py
+    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py --profile
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("host|$(result_word $rc)|$PART_SECONDS|-")
@@ -229,10 +231,25 @@ fi
 
 # ---- 6. the canary's overhead on HF transformers' continuous batching
 if has_part hf; then
-    OUT="$OUT" run_part hf "$T_HF" "$OUT/bench_transformers.log" "$PY" bench/bench_transformers.py
+    # shellcheck disable=SC2086
+    OUT="$OUT" run_part hf "$T_HF" "$OUT/bench_transformers.log" "$PY" bench/bench_transformers.py ${HF_ARGS:---repeats 2}
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("hf|$(result_word $rc)|$PART_SECONDS|-")
+fi
+
+# ---- 7. hardware counters of the plan-free verify
+if has_part ncu; then
+    NCU="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
+    if [[ -z "$NCU" ]]; then
+        SUMMARY+=("ncu|NOT RUN: ncu not found|0|-")
+    else
+        run_part ncu "$T_NCU" "$OUT/ncu.log" "$NCU" --clock-control none -k regex:kvc_verify_table --launch-skip 2 \
+            --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+            --section WarpStateStats --section LaunchStats "$PY" bench/profile_verify_table.py --shape B
+        rc=$?
+        SUMMARY+=("ncu|$(result_word $rc)|$PART_SECONDS|-")
+    fi
 fi
 
 {
