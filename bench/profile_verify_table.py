@@ -3,7 +3,7 @@
 
 Usage (on a CUDA machine, from the repository root)::
 
-    ncu --clock-control none -k regex:kvc_verify_table --launch-skip 2 --launch-count 1 \\
+    ncu --clock-control none -k regex:kvc_verify_from_table --launch-skip 2 --launch-count 1 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python3 bench/profile_verify_table.py --shape B
 

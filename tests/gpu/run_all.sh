@@ -244,7 +244,7 @@ if has_part ncu; then
     if [[ -z "$NCU" ]]; then
         SUMMARY+=("ncu|NOT RUN: ncu not found|0|-")
     else
-        run_part ncu "$T_NCU" "$OUT/ncu.log" "$NCU" --clock-control none -k regex:kvc_verify_table --launch-skip 2 \
+        run_part ncu "$T_NCU" "$OUT/ncu.log" "$NCU" --clock-control none -k regex:kvc_verify_from_table --launch-skip 2 \
             --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
             --section WarpStateStats --section LaunchStats "$PY" bench/profile_verify_table.py --shape B
         rc=$?
