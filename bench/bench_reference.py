@@ -1,4 +1,4 @@
-"""CPU reference benchmark: the sizes issue 2 asks to stay well under a second on a 2-core machine.
+"""CPU reference benchmark: sizes that should stay well under a second on a 2-core machine.
 
     python bench/bench_reference.py [--runs N]
 

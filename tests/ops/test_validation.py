@@ -1,4 +1,4 @@
-"""SPEC §9 / issue 2 item 6: every validation message, exact text, and nothing written on error.
+"""SPEC §9: every validation message, exact text, and nothing written on error.
 
 Each case starts from a valid call, breaks exactly one thing, poisons every output buffer, and checks the
 exception class, the exact message, and that no byte of any storage reachable from the arguments changed.

@@ -449,3 +449,18 @@ def test_from_pool_geometry_and_buffers():
     assert c.buffer("sweep", "v") is c.buffers[T.TAIL_V_FULL]
     assert all(tuple(b.shape) == (100, 32) and b.dtype == torch.uint8 for b in c.buffers.values())
     assert c.tags(("sweep",)) == (T.SWEEP_K_FULL, T.SWEEP_V_FULL)
+
+
+def test_sweep_accepts_numpy_arrays_zero_copy_and_refuses_other_devices():
+    import numpy as np
+
+    a, b = prefilled(), prefilled()
+    slots, positions, prev = _sweep_args(a, 1)
+    a.c.sweep(slots, positions, prev)
+    b.c.sweep(slots.numpy(), positions.numpy(), prev.numpy())      # any __dlpack__ array on the canary's device
+    assert a.c.health().tags == b.c.health().tags and b.c.poll(sync=True) == []
+    with pytest.raises(kc.KvCanaryDTypeError, match="kv-canary: slots must have dtype int64, got int32"):
+        b.c.sweep(np.zeros(2, np.int32), positions.numpy()[:2], prev.numpy()[:2])
+    meta = torch.zeros(2, dtype=torch.int64, device="meta")
+    with pytest.raises(ValueError, match="kv-canary: slots is on device meta"):
+        b.c.sweep(meta, meta, meta)

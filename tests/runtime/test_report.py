@@ -22,7 +22,7 @@ LABELS = {1: "chain_hash", 2: "position", 4: "real_kv_hash", 8: "write_token", 1
 
 
 def test_issue_example_line_exactly():
-    # The example of issue 4 / SGLang: TAIL_K_SWA write_position row; hashes given as u64 patterns.
+    # SGLang's example row: TAIL_K_SWA write_position; hashes given as u64 patterns.
     row = [8, 53504, 512, 1299, 1299, 0xE11E13AF98C23F7F - (1 << 64), 0x2100, 16]
     v = Violation.from_row(row)
     assert str(v) == (
