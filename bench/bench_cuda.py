@@ -16,7 +16,10 @@ Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` ne
 
 Ops (``--ops``; verify ops only where there is a prefix): ``plan``, ``verify``, ``write``, ``scatter`` (the
 SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / ``write_table`` (the plan-free ops,
-one buffer) and ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch).
+one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch) and ``gather_floor``
+(not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
+plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
+GPU, measured in the same run).
 
 Real-KV: NONE, and PARTIAL with one source of 256-byte rows per buffer (``uint8 [num_slots, 256]``, page size 1).
 Slot layouts (``--layouts``): ``contiguous`` (a request's slots are consecutive) and ``shuffled`` (a random
@@ -85,11 +88,48 @@ SHAPES = {
 }
 # Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
 # plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
-BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68}
-PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64}
-ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table")
-DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table")
-VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv")
+BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68,
+                  "gather_floor": 36}
+PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32}
+ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor")
+DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor")
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor")
+
+# The floor of the plan-free verify's memory traffic on this GPU (not a kvcanary op): read the same table entries
+# and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row) in the same
+# order, with every check, hash and append left out and the machine filled (8 blocks of 256 threads per SM, four
+# independent entries per thread). Whatever a verify kernel does, it cannot read these bytes faster than this.
+GATHER_FLOOR_SRC = r"""
+extern "C" __global__ void __launch_bounds__(256, 8)
+kvc_bench_gather_floor(const int* __restrict__ table, long long cols, unsigned int bs, unsigned int prefix,
+                       const ulonglong2* __restrict__ rec, const ulonglong2* __restrict__ kv, long long kv_row16,
+                       unsigned long long* __restrict__ out) {
+    const unsigned int n = bs * prefix;
+    unsigned long long acc = 0;
+    for (unsigned int e0 = blockIdx.x * 1024u + threadIdx.x; e0 < n; e0 += gridDim.x * 1024u) {
+        long long slot[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const unsigned int e = e0 + 256u * u;
+            slot[u] = -1;
+            if (e < n) slot[u] = table[(long long)(e / prefix + 1) * cols + e % prefix];
+        }
+        ulonglong2 a[4], b[4], k[4];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            a[u] = b[u] = k[u] = make_ulonglong2(0, 0);
+            if (slot[u] >= 0) {
+                a[u] = __ldg(rec + 2 * slot[u]);
+                b[u] = __ldg(rec + 2 * slot[u] + 1);
+                if (kv != nullptr) k[u] = __ldg(kv + kv_row16 * slot[u]);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) acc ^= a[u].x ^ a[u].y ^ b[u].x ^ b[u].y ^ k[u].x ^ k[u].y;
+    }
+    if (acc == 0x9E3779B97F4A7C15ull) out[0] = acc;  // never true in practice; keeps the loads
+}
+"""
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
@@ -296,6 +336,25 @@ class Case:
         kvcanary.launch_canary_verify_from_table(
             contexts=contexts or (self.ctx,), req_pool_indices=self.rpi,
             prefix_lens=self.step_prefix if prefix_lens is None else prefix_lens, req_to_token=self.req_to_token)
+
+    def gather_floor(self):
+        if not hasattr(self, "_floor"):
+            import cupy
+
+            fn = cupy.RawKernel(GATHER_FLOOR_SRC, "kvc_bench_gather_floor")
+            out = torch.zeros(1, dtype=torch.int64, device=self.device)
+            kv = self.ctx.real_kv_sources[0].tensor if self.mode != RealKvHashMode.NONE else None
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            args = (cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
+                    cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
+                    cupy.uint64(0 if kv is None else kv.data_ptr()), cupy.int64(REAL_KV_ROW_BYTES // 16),
+                    cupy.uint64(out.data_ptr()))
+            self._floor = (fn, (8 * sms,), (256,), args, out)
+        fn, grid, block, args, _ = self._floor
+        import cupy
+
+        with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
+            fn(grid, block, args)
 
     def verify_table_kv(self):
         self.verify_table(contexts=(self.ctx, self.ctx_v))
@@ -543,6 +602,7 @@ def main(argv=None) -> int:
             "verify_table_kv": (case.verify_table_kv, case.bs * case.prefix),
             "write": (case.write, case.bs * case.extend),
             "write_table": (case.write_table, case.bs * case.extend),
+            "gather_floor": (case.gather_floor, case.bs * case.prefix),
             "scatter": (case.scatter, case.bs * case.L),
         }
         for op, (fn, units) in ops.items():

@@ -6,6 +6,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python3 bench/bench_host.py                 # CUDA when available, else the CPU backend
     PYTHONPATH=. python3 bench/bench_host.py --device cpu    # the CPU reference backend only
     PYTHONPATH=. python3 bench/bench_host.py --null-backend  # Python cost only: every launch is a no-op
+    PYTHONPATH=. python3 bench/bench_host.py --breakdown     # also: the cost of each primitive a step is made of
 
 Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positions, one new token each):
 
@@ -197,6 +198,56 @@ def profile_steps(e: Engine, steps: int) -> str:
     return "\n".join(line for line in out.getvalue().splitlines() if line.strip())
 
 
+def _per_call_us(fn, n: int = 2000) -> float:
+    """Median µs of one ``fn()`` call (``n`` calls timed in 10 batches)."""
+    per = []
+    for _ in range(10):
+        t0 = time.perf_counter()
+        for _ in range(n // 10):
+            fn()
+        per.append((time.perf_counter() - t0) * 1e6 / (n // 10))
+    return statistics.median(per)
+
+
+def breakdown(e: Engine) -> list[tuple[str, float, str]]:
+    """The host cost of each primitive a CUDA step is made of, measured one by one in this process: what a step
+    would cost if it were only these calls (the rest is Python around them, the null-backend row)."""
+    from kvcanary.ops import validation
+    from kvcanary.ops.cuda import launch as L
+    from kvcanary.ops.cuda import params as P
+    from kvcanary.ops.interop import Device, import_cupy
+
+    dev = e.device
+    d = Device("cuda", dev.index)
+    cp = import_cupy()
+    words = [0] * P.WRITE_TABLE.words
+    src = (f"struct P {{ long long w[{len(words)}]; }};\n"
+           "extern \"C\" __global__ void kvc_noop(P p) { if (p.w[0] == 1) p.w[1] = 0; }")
+    with cp.cuda.Device(dev.index):
+        fn = cp.RawKernel(src, "kvc_noop").kernel
+    s = L.resolve_stream(None, d)
+    t = torch.zeros(1, dtype=torch.int64, device=dev)
+    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    stager = e.canary.collector._stager
+    x = e.batch["input_ids"]
+    rows = [
+        ("CuPy launch, one kernel, one struct argument (launch())",
+         _per_call_us(lambda: L.launch(fn, 1, 32, words, dev.index, s)), "2 per step (verify, write)"),
+        ("  of which: struct bytes (params.kernel_arg)", _per_call_us(lambda: P.kernel_arg(words)), ""),
+        ("raw stream handle (resolve_stream)", _per_call_us(lambda: L.resolve_stream(None, d)), "2 per step"),
+        ("torch add_ of one element", _per_call_us(lambda: t.add_(one)), "1 per step (invalid-row count)"),
+        ("stage status block + take landed copies", _per_call_us(lambda: (stager.stage(0), stager.take_landed())),
+         "1 per step"),
+        ("one batch-array check (validation.array_on)",
+         _per_call_us(lambda: validation.array_on("input_ids", x, "int64", d)), "7 per step"),
+        ("torch.cuda.is_current_stream_capturing()", _per_call_us(torch.cuda.is_current_stream_capturing),
+         "2 per step"),
+    ]
+    torch.cuda.synchronize(dev)
+    stager.take_landed(include_latest=True, wait=True)
+    return rows
+
+
 def p90(xs: list[float]) -> float:
     return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
@@ -208,6 +259,9 @@ def main(argv=None) -> int:
     ap.add_argument("--null-backend", action="store_true", help="launches do nothing (Python cost only)")
     ap.add_argument("--bs", type=int, default=BS)
     ap.add_argument("--prefix", type=int, default=PREFIX)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="CUDA: also time each primitive of a step alone (launch, add_, staging, checks) and the "
+                         "step with a null backend in the same process")
     ap.add_argument("--profile", action="store_true",
                     help="also profile 200 K+V FULL steps with cProfile: the host time call by call")
     args = ap.parse_args(argv)
@@ -217,6 +271,7 @@ def main(argv=None) -> int:
         kc.warmup(dev)
     steps = args.steps if (dev.type == "cuda" or args.null_backend) else min(args.steps, 10)
     profile_text = ""
+    parts: list[tuple[str, float, str]] = []
     what = f"{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else "CPU"
     rows = []
     for label, swa in (("step K+V FULL", False), ("step K+V FULL+SWA", True)):
@@ -232,6 +287,14 @@ def main(argv=None) -> int:
             host, gpu = time_steps(e, steps)
         if args.profile and not swa:
             profile_text = profile_steps(e, 200)
+        if args.breakdown and not swa and dev.type == "cuda" and not args.null_backend:
+            parts = breakdown(e)
+            with null_backend(dev.type):
+                e.canary._backend = backends.backend_for(e.canary._dev)
+                null_host, _ = time_steps(e, steps)
+            e.canary._backend = backends.backend_for(e.canary._dev)
+            parts.insert(0, ("step K+V FULL with a null backend (Python only, this device)",
+                             statistics.median(null_host), "per step"))
         found = e.canary.poll(sync=True)
         if found and not args.null_backend:
             print(f"FAILED: {label}: {len(found)} violation(s) on a clean workload, e.g. {found[0]}", file=sys.stderr)
@@ -256,6 +319,10 @@ def main(argv=None) -> int:
         lines += ["", "Host time call by call (cProfile, 200 steps of the K+V FULL case; tottime = the function's own "
                   "time, cumtime = with what it calls; the profiler adds its own overhead per call):", "", "```",
                   profile_text, "```"]
+    if parts:
+        lines += ["", "Host cost of the primitives of one step, each timed alone (median µs per call):", "",
+                  "| primitive | µs per call | calls |", "|---|---|---|"]
+        lines += [f"| {name} | {us:.2f} | {n} |" for name, us, n in parts]
     text = "\n".join(lines)
     print(text)
     out = os.environ.get("OUT")

@@ -146,6 +146,7 @@ struct KvcVerifyTableParams {
     KvcTableParams table;
     KvcBatchParams batch;
     kvc_i64 num_contexts;   // 1 .. kMaxContexts
+    kvc_i64* invalid_rows_total;  // int64 [1] or null: += the number of invalid rows (a canary's running count)
     KvcContextParams ctx[kvc::kMaxContexts];
 };
 

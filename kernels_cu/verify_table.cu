@@ -35,7 +35,8 @@
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
 // hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
 // (one atomicAdd per warp, step and context). Block 0, which walks every row, adds the counters at the end
-// (kernel_run_counter += 1, slot_run_counter += the number of entries, per context) and sets invalid_rows.
+// (kernel_run_counter += 1, slot_run_counter += the number of entries, per context), sets invalid_rows and adds
+// the same count to invalid_rows_total (a canary's running count, so it needs no extra op per step).
 //
 // Rows, windows, RT(), T(), expected tokens and bounds (SPEC §5, §9, §10) as the reference: an invalid or
 // padding row has no entries; slot 0 entries are skipped; an entry whose slot is outside [0, num_slots) or not
@@ -58,10 +59,11 @@
 #define KVC_VT_THREADS 256
 #define KVC_VT_BLOCKS_PER_SM 4
 #define KVC_VT_BLOCKS_PER_SM_REAL_KV 2
+#define KVC_VT_UNROLL 2  // entries per thread per step
 
 namespace kvc {
 constexpr int kVtMinBlocks = KVC_HAS_REAL_KV ? KVC_VT_BLOCKS_PER_SM_REAL_KV : KVC_VT_BLOCKS_PER_SM;
-constexpr int kVtUnroll = 2;     // entries per thread per step
+constexpr int kVtUnroll = KVC_VT_UNROLL;
 #if KVC_HAS_REAL_KV
 constexpr int kVtFoldLoads = 2;  // loads in flight per real-KV fold batch (ALL mode)
 #endif
@@ -246,6 +248,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 }
             }
             if (b.invalid_rows != nullptr) *b.invalid_rows = (int)invalid_total;
+            if (p.invalid_rows_total != nullptr && invalid_total != 0)
+                atomicAdd(reinterpret_cast<unsigned long long*>(p.invalid_rows_total),
+                          (unsigned long long)invalid_total);
         }
     }
 }

@@ -255,6 +255,9 @@ class VerifyTableLaunch:
     token_offset: int
     check_expected_token: bool
     invalid_rows: ArrayView | None
+    # int64 [1] or None: the invalid-row count is *added* to it (kvcanary's runtime keeps a running count in its
+    # status block this way; not part of the public op).
+    invalid_rows_total: ArrayView | None = None
 
     @property
     def bs(self) -> int:

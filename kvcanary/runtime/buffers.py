@@ -29,7 +29,15 @@ from kvcanary.ops.interop import common_device
 from kvcanary.ops.launches import ContextViews
 from kvcanary.ops.structs import RealKvSource, VerifyOrWriteContext, allocate_canary_buffer
 from kvcanary.ops.validation import context_views
-from kvcanary.runtime.status import Count, Kernel, allocate_status, counter_view, counters_view, write_index_view
+from kvcanary.runtime.status import (
+    Count,
+    Kernel,
+    StatusLayout,
+    allocate_status,
+    counter_view,
+    counters_view,
+    write_index_view,
+)
 
 # Which buffer each phase's launches use: SWEEP verifies the TAIL records.
 BUFFER_PHASE = {"head": "head", "tail": "tail", "sweep": "tail"}
@@ -75,7 +83,8 @@ class CanaryState:
         self.violation_write_index = write_index_view(self.status)
         self.counters = counters_view(self.status)
         self.chain_position_flag = torch.ones(1, dtype=torch.int32, device=device)
-        self.invalid_rows_scratch = torch.zeros(1, dtype=torch.int32, device=device)
+        # Rows the bounds rule rejected, summed over steps (the FULL verify adds to it): a view into the status block.
+        self.invalid_rows_total = self.status[StatusLayout.INVALID_ROWS:StatusLayout.INVALID_ROWS + 1]
 
         self.contexts: dict[tuple[CanaryLaunchTag, Kernel], VerifyOrWriteContext] = {}
         for group in self.groups:
@@ -150,5 +159,4 @@ class CanaryState:
 
     @property
     def log_bytes(self) -> int:
-        return (self.violation_ring.numel() * 8 + self.status.numel() * 8 + self.chain_position_flag.numel() * 4
-                + self.invalid_rows_scratch.numel() * 4)
+        return self.violation_ring.numel() * 8 + self.status.numel() * 8 + self.chain_position_flag.numel() * 4

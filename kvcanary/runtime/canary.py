@@ -60,7 +60,7 @@ from kvcanary.runtime.planner import CanaryPlanner, stream_context
 from kvcanary.runtime.report import Violation
 from kvcanary.runtime.staging import is_capturing
 from kvcanary.runtime.stats import CanaryMetrics, StatsLine
-from kvcanary.runtime.status import Count, Kernel, StatusLayout, StatusSnapshot
+from kvcanary.runtime.status import Count, Kernel, StatusSnapshot
 from kvcanary.runtime.swa import SwaConfig, SwaLocations
 
 logger = logging.getLogger("kvcanary")
@@ -215,7 +215,8 @@ class KVCanary:
                                  real_kv_hash_mode=self.real_kv_hash_mode, ring_capacity=self.ring_capacity,
                                  slot_stride_bytes=slot_stride_bytes, device=self.device)
         self._backend = backend_for(self._dev)
-        self._invalid_rows = view("invalid_rows", self.state.invalid_rows_scratch)
+        # The verify kernel adds each step's invalid-row count straight into the status block (no extra op).
+        self._invalid_rows_total = view("status invalid_rows", self.state.invalid_rows_total)
 
         cap = (min(self.num_slots, 1 << 16) if sweep_capacity is None
                else check_capacity("sweep_capacity", sweep_capacity))
@@ -498,7 +499,8 @@ class KVCanary:
                     swa_window_size=self.swa_window if group == "swa" else 0, lut=lut,
                     expected_tokens_pool=pool, expected_tokens_valid_lens=valid,
                     token_offset=self.kv_token_id_vs_position_offset, check_expected_token=pool is not None,
-                    invalid_rows=self._invalid_rows if group == "full" else None), stream)
+                    invalid_rows=None, invalid_rows_total=self._invalid_rows_total if group == "full" else None),
+                    stream)
                 group_loc = loc if group == "full" else swa_loc
                 assert group_loc is not None
                 self._backend.write_from_table(WriteTableLaunch(
@@ -507,9 +509,6 @@ class KVCanary:
                     input_ids=ids, positions=pos, out_cache_loc=group_loc,
                     expected_input_tokens=exp_in_tok, expected_input_positions=exp_in_pos, invalid_rows=None),
                     stream)
-            # Rows the bounds rule rejected this step, summed on the device (no sync).
-            self.state.status[StatusLayout.INVALID_ROWS:StatusLayout.INVALID_ROWS + 1].add_(
-                self.state.invalid_rows_scratch)
 
     def _table(self, req_to_token: Any, block_table: Any) -> TableViews:
         if (req_to_token is None) == (block_table is None):

@@ -20,6 +20,8 @@
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
 # 7. ncu        - Nsight Compute counters of one plan-free verify launch at shape B (bench/profile_verify_table.py)
+# 8. tune       - (only when named in RUN_PARTS) bench/tune_verify_table.py: the plan-free verify's launch-geometry
+#                 sweep (writes $OUT/tune_verify_table.md; TUNE_ARGS, T_TUNE)
 #
 # transformers 5.24.0 (the version the integration is pinned to) is installed from .whl/ when a wheel is there
 # (carry .whl with the call): pip install --no-deps --target /tmp/site, then PYTHONPATH; its GPU tests are part
@@ -223,7 +225,7 @@ fi
 
 # ---- 5. host time of the hot path
 if has_part host; then
-    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py --profile
+    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py --profile --breakdown
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("host|$(result_word $rc)|$PART_SECONDS|-")
@@ -250,6 +252,14 @@ if has_part ncu; then
         rc=$?
         SUMMARY+=("ncu|$(result_word $rc)|$PART_SECONDS|-")
     fi
+fi
+
+# ---- 8. (opt-in: RUN_PARTS=... tune) launch-geometry sweep of the plan-free verify
+if has_part tune; then
+    OUT="$OUT" run_part tune "${T_TUNE:-240}" "$OUT/tune.log" "$PY" bench/tune_verify_table.py ${TUNE_ARGS:-}
+    rc=$?
+    [[ $rc -ne 0 ]] && FAILED=1
+    SUMMARY+=("tune|$(result_word $rc)|$PART_SECONDS|-")
 fi
 
 {

@@ -464,3 +464,26 @@ def test_sweep_accepts_numpy_arrays_zero_copy_and_refuses_other_devices():
     meta = torch.zeros(2, dtype=torch.int64, device="meta")
     with pytest.raises(ValueError, match="kv-canary: slots is on device meta"):
         b.c.sweep(meta, meta, meta)
+
+
+@pytest.mark.parametrize("swa_window", [0, 3])
+def test_invalid_rows_are_summed_over_steps_once_per_verify_of_the_full_group(swa_window):
+    """A batch row outside the table (req_pool_indices >= the table's rows) is rejected by the bounds rule; the
+    canary's running count grows by the invalid rows of every HEAD and TAIL verify of the FULL group (the SWA
+    group verifies the same rows and must not count them twice)."""
+    e = prefilled(swa_window=swa_window)
+    assert e.c.poll(sync=True) == [] and e.c.health().invalid_rows == 0
+    steps, bad_rows = 3, 2
+    for i in range(steps):
+        args = e.batch({1: [30 + i]})
+        n_rows = 1 + bad_rows
+        args["req_pool_indices"] = t64([1] + [4 + j for j in range(bad_rows)])  # the table has rows 0..3
+        args["prefix_lens"] = t64([len(e.tokens[1])] + [0] * bad_rows)
+        args["extend_seq_lens"] = t64([1] + [0] * bad_rows)
+        assert args["req_pool_indices"].shape[0] == n_rows
+        e.c.step("head", **args)
+        e.forward(args)
+        e.c.step("tail", **args)
+        e.commit({1: [30 + i]})
+    assert e.c.poll(sync=True) == []
+    assert e.c.health().invalid_rows == 2 * steps * bad_rows

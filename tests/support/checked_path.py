@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 import kvcanary as kc
 from kvcanary.runtime.status import Kernel, StatusLayout
 
@@ -16,6 +18,8 @@ def checked_step(canary: kc.KVCanary, phase: str, *, swa_out_cache_loc: Any = No
     if "block_table" in table:
         table["block_size"] = canary.block_size
     pool = batch.get("expected_tokens")
+    # The public op sets an int32 count; the checked path adds it to the status block itself.
+    invalid = torch.zeros(1, dtype=torch.int32, device=canary.state.status.device)
     for group in canary.groups:
         swa = group == "swa"
         contexts = {kernel: tuple(canary.state.contexts[(kc.CanaryLaunchTag.of(phase, kv, group), kernel)]
@@ -29,7 +33,7 @@ def checked_step(canary: kc.KVCanary, phase: str, *, swa_out_cache_loc: Any = No
             req_to_verify_expected_tokens_valid_lens=batch.get("expected_tokens_valid_lens"),
             kv_token_id_vs_position_offset=canary.kv_token_id_vs_position_offset,
             check_verify_expected_token=pool is not None,
-            invalid_rows_out=None if swa else canary.state.invalid_rows_scratch, **table)
+            invalid_rows_out=None if swa else invalid, **table)
         assert_on = batch.get("expected_input_tokens") is not None
         kc.launch_canary_write_from_table(
             contexts=contexts[Kernel.WRITE], req_pool_indices=batch["req_pool_indices"],
@@ -39,7 +43,7 @@ def checked_step(canary: kc.KVCanary, phase: str, *, swa_out_cache_loc: Any = No
             enable_write_input_assert=assert_on, expected_input_tokens=batch.get("expected_input_tokens"),
             expected_input_positions=batch.get("expected_input_positions"), **table)
     i = StatusLayout.INVALID_ROWS
-    canary.state.status[i:i + 1].add_(canary.state.invalid_rows_scratch)
+    canary.state.status[i:i + 1].add_(invalid)
     canary.phases.check(phase)
     canary.phases.commit(phase)
     canary.end_step()

@@ -24,6 +24,8 @@ because a raw pointer carries none of that.
 
 from __future__ import annotations
 
+import ctypes
+import struct
 import threading
 import weakref
 from collections.abc import Sequence
@@ -74,11 +76,65 @@ def resolve_stream(stream: Any, device: Device) -> _RawStream:
     return raw_stream(stream_handle(stream, device))
 
 
+class _ArgBuffer:
+    """A reusable host buffer holding one by-value struct argument, and the one-entry ``void*`` array that points
+    at it (what ``cuLaunchKernel`` takes as ``kernelParams``). CUDA copies the argument bytes when a launch is
+    enqueued (or a graph node captured), so the buffer may be refilled by the next launch at once; one per thread
+    and size, so concurrent launchers never share one."""
+
+    __slots__ = ("packer", "params", "params_addr", "words")
+
+    def __init__(self, n: int) -> None:
+        self.words = (ctypes.c_int64 * n)()
+        self.params = (ctypes.c_void_p * 1)(ctypes.addressof(self.words))
+        self.params_addr = ctypes.addressof(self.params)
+        self.packer = struct.Struct(f"<{n}q")
+
+
+_tls = threading.local()
+_driver_launch: Any = None  # cupy.cuda.driver.launchKernel, or False when this CuPy lacks it
+
+
+def _launch_kernel_fn() -> Any:
+    global _driver_launch
+    if _driver_launch is None:
+        drv = getattr(import_cupy().cuda, "driver", None)
+        _driver_launch = getattr(drv, "launchKernel", None) or False
+    return _driver_launch
+
+
+def launch_path() -> str:
+    """Which call launches the kernels: ``"cuLaunchKernel"`` (CuPy's thin driver binding, a prebuilt argument
+    buffer) or ``"cupy Function"`` (``cupy.cuda.function.Function.__call__``, when the binding is missing)."""
+    return "cuLaunchKernel" if _launch_kernel_fn() else "cupy Function"
+
+
 def launch(fn: Any, grid: int, block: int, words: Sequence[int], device_index: int, stream: _RawStream) -> None:
     """Launch ``fn`` (a ``cupy.cuda.function.Function`` loaded on ``device_index``) with one by-value struct
-    argument of ``words``, on ``stream``, on ``device_index`` whatever the current device is."""
-    arg = P.kernel_arg(words)
+    argument of ``words``, on ``stream``, on ``device_index`` whatever the current device is.
+
+    The words are packed into this thread's reusable argument buffer and handed to ``cuLaunchKernel`` through
+    CuPy's driver binding: no per-launch NumPy array or argument tuple (CuPy's ``Function.__call__`` is the
+    fallback for a CuPy without the binding, or a kernel without a raw handle)."""
     cp = import_cupy()
+    drv_launch = _launch_kernel_fn()
+    fptr = getattr(fn, "ptr", None)
+    if drv_launch and fptr is not None:
+        n = len(words)
+        bufs = getattr(_tls, "bufs", None)
+        if bufs is None:
+            bufs = _tls.bufs = {}
+        buf = bufs.get(n)
+        if buf is None:
+            buf = bufs[n] = _ArgBuffer(n)
+        buf.packer.pack_into(buf.words, 0, *words)
+        if cp.cuda.runtime.getDevice() == device_index:
+            drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
+        else:
+            with cp.cuda.Device(device_index):
+                drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
+        return
+    arg = P.kernel_arg(words)
     if cp.cuda.runtime.getDevice() == device_index:
         fn((grid,), (block,), (arg,), 0, stream)
     else:

@@ -140,7 +140,8 @@ SCATTER = Struct("KvcScatterParams", [
 ])
 
 VERIFY_TABLE = Struct("KvcVerifyTableParams", [
-    _f("table", TABLE), _f("batch", BATCH), _f("num_contexts"), _f("ctx", CONTEXT, MAX_CONTEXTS),
+    _f("table", TABLE), _f("batch", BATCH), _f("num_contexts"), _f("invalid_rows_total", PTR),
+    _f("ctx", CONTEXT, MAX_CONTEXTS),
 ])
 
 WRITE_TABLE = Struct("KvcWriteTableParams", [

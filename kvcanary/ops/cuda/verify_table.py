@@ -12,7 +12,15 @@ from typing import Any
 
 from kvcanary.ops.cuda import params as P
 from kvcanary.ops.cuda.grids import sm_count, verify_table_grid
-from kvcanary.ops.cuda.launch import batch_words, contexts_words, folds_real_kv, launch, resolve_stream, table_words
+from kvcanary.ops.cuda.launch import (
+    batch_words,
+    contexts_words,
+    folds_real_kv,
+    launch,
+    ptr,
+    resolve_stream,
+    table_words,
+)
 from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.launches import VerifyTableLaunch
 
@@ -36,7 +44,10 @@ def verify_from_table(launch_rec: VerifyTableLaunch, stream: Any = None) -> None
     groups = []
     for i in range(0, len(rec.contexts), P.MAX_CONTEXTS):
         group = rec.contexts[i:i + P.MAX_CONTEXTS]
-        words = P.VERIFY_TABLE.pack(**head, num_contexts=len(group), ctx=contexts_words(group, dev, s))
+        # The running invalid-row count is added once, by the first launch.
+        total = ptr(rec.invalid_rows_total) if i == 0 else 0
+        words = P.VERIFY_TABLE.pack(**head, num_contexts=len(group), invalid_rows_total=total,
+                                    ctx=contexts_words(group, dev, s))
         groups.append((any(folds_real_kv(c) for c in group), words))
     sms = sm_count(dev)
     for has_real_kv, words in groups:

@@ -5,7 +5,7 @@ and each context runs :func:`kvcanary.ops.reference.verify.check_entries` (the v
 rows are those of plan -> verify with an unlimited capacity, in the same order. Per context:
 ``kernel_run_counter += 1`` and ``slot_run_counter +=`` the number of entries (slot-0 entries included),
 contexts in order. ``invalid_rows`` (when given) is set to the number of invalid rows (see
-:mod:`kvcanary.ops.reference.table`).
+:mod:`kvcanary.ops.reference.table`), and ``invalid_rows_total`` (kvcanary's runtime only) gets it added.
 """
 
 from __future__ import annotations
@@ -25,3 +25,5 @@ def verify_from_table(launch: VerifyTableLaunch) -> None:
                       check_token=launch.check_expected_token)
     if launch.invalid_rows is not None:
         launch.invalid_rows.host()[0] = e.rows.num_invalid
+    if launch.invalid_rows_total is not None:
+        launch.invalid_rows_total.host()[0] += e.rows.num_invalid
