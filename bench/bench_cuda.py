@@ -89,34 +89,47 @@ SHAPES = {
 # Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
 # plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
 BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68,
-                  "gather_floor": 36}
-PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32}
-ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor")
-DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor")
-VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor")
+                  "gather_floor": 36, "random_reads": 32}
+PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32, "random_reads": 32}
+ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor",
+           "random_reads")
+DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor",
+               "random_reads")
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "random_reads")
 
-# The floor of the plan-free verify's memory traffic on this GPU (not a kvcanary op): read the same table entries
-# and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row) in the same
-# order, with every check, hash and append left out and the machine filled (8 blocks of 256 threads per SM, four
-# independent entries per thread). Whatever a verify kernel does, it cannot read these bytes faster than this.
-GATHER_FLOOR_SRC = r"""
-extern "C" __global__ void __launch_bounds__(256, 8)
-kvc_bench_gather_floor(const int* __restrict__ table, long long cols, unsigned int bs, unsigned int prefix,
-                       const ulonglong2* __restrict__ rec, const ulonglong2* __restrict__ kv, long long kv_row16,
-                       unsigned long long* __restrict__ out) {
+# The floor of the plan-free verify's memory traffic on this GPU (not kvcanary ops). gather_floor reads the same
+# table entries and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row)
+# in the same order as a one-buffer verify, with every check, hash and append left out; random_reads reads as
+# many random 32-byte records of the same buffer (addresses from a hash of the index: no table at all). Each is
+# timed at several launch geometries (entries per thread U in {1, 2, 4} x blocks of 256 threads per SM in
+# {2, 4, 8}) and the fastest is kept: no verify kernel can read those bytes faster than these bare reads do.
+FLOOR_SRC = r"""
+template <int U>
+__device__ __forceinline__ void kvc_bench_gather(const int* __restrict__ table, long long cols, unsigned int bs,
+        unsigned int prefix, const ulonglong2* __restrict__ rec, unsigned long long nrec,
+        const ulonglong2* __restrict__ kv, long long kv_row16, unsigned long long* __restrict__ out) {
     const unsigned int n = bs * prefix;
+    const unsigned int step = blockDim.x * U;
     unsigned long long acc = 0;
-    for (unsigned int e0 = blockIdx.x * 1024u + threadIdx.x; e0 < n; e0 += gridDim.x * 1024u) {
-        long long slot[4];
+    for (unsigned int e0 = blockIdx.x * step + threadIdx.x; e0 < n; e0 += gridDim.x * step) {
+        long long slot[U];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const unsigned int e = e0 + 256u * u;
+        for (int u = 0; u < U; ++u) {
+            const unsigned int e = e0 + blockDim.x * u;
             slot[u] = -1;
-            if (e < n) slot[u] = table[(long long)(e / prefix + 1) * cols + e % prefix];
+            if (e < n) {
+                if (table != nullptr) {
+                    slot[u] = table[(long long)(e / prefix + 1) * cols + e % prefix];
+                } else {  // a random record: a 64-bit mix of the index, reduced to [1, nrec)
+                    unsigned long long h = (e + 1) * 0x9E3779B97F4A7C15ull;
+                    h ^= h >> 31; h *= 0xBF58476D1CE4E5B9ull; h ^= h >> 29;
+                    slot[u] = 1 + (long long)__umul64hi(h, nrec - 1);
+                }
+            }
         }
-        ulonglong2 a[4], b[4], k[4];
+        ulonglong2 a[U], b[U], k[U];
 #pragma unroll
-        for (int u = 0; u < 4; ++u) {
+        for (int u = 0; u < U; ++u) {
             a[u] = b[u] = k[u] = make_ulonglong2(0, 0);
             if (slot[u] >= 0) {
                 a[u] = __ldg(rec + 2 * slot[u]);
@@ -125,11 +138,21 @@ kvc_bench_gather_floor(const int* __restrict__ table, long long cols, unsigned i
             }
         }
 #pragma unroll
-        for (int u = 0; u < 4; ++u) acc ^= a[u].x ^ a[u].y ^ b[u].x ^ b[u].y ^ k[u].x ^ k[u].y;
+        for (int u = 0; u < U; ++u) acc ^= a[u].x ^ a[u].y ^ b[u].x ^ b[u].y ^ k[u].x ^ k[u].y;
     }
     if (acc == 0x9E3779B97F4A7C15ull) out[0] = acc;  // never true in practice; keeps the loads
 }
+#define KVC_BENCH_FLOOR(U)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) kvc_bench_floor_u##U(const int* table, long long cols,     \
+            unsigned int bs, unsigned int prefix, const ulonglong2* rec, unsigned long long nrec,                \
+            const ulonglong2* kv, long long kv_row16, unsigned long long* out) {                                 \
+        kvc_bench_gather<U>(table, cols, bs, prefix, rec, nrec, kv, kv_row16, out);                              \
+    }
+KVC_BENCH_FLOOR(1)
+KVC_BENCH_FLOOR(2)
+KVC_BENCH_FLOOR(4)
 """
+FLOOR_GEOMETRIES = [(u, b) for u in (1, 2, 4) for b in (2, 4, 8)]
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
@@ -337,24 +360,37 @@ class Case:
             contexts=contexts or (self.ctx,), req_pool_indices=self.rpi,
             prefix_lens=self.step_prefix if prefix_lens is None else prefix_lens, req_to_token=self.req_to_token)
 
-    def gather_floor(self):
-        if not hasattr(self, "_floor"):
-            import cupy
-
-            fn = cupy.RawKernel(GATHER_FLOOR_SRC, "kvc_bench_gather_floor")
-            out = torch.zeros(1, dtype=torch.int64, device=self.device)
-            kv = self.ctx.real_kv_sources[0].tensor if self.mode != RealKvHashMode.NONE else None
-            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-            args = (cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
-                    cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
-                    cupy.uint64(0 if kv is None else kv.data_ptr()), cupy.int64(REAL_KV_ROW_BYTES // 16),
-                    cupy.uint64(out.data_ptr()))
-            self._floor = (fn, (8 * sms,), (256,), args, out)
-        fn, grid, block, args, _ = self._floor
+    def _floor_launcher(self, with_table: bool, timer: Timer):
+        """The fastest geometry of the bare read (see FLOOR_SRC), picked by timing each once (10 runs)."""
         import cupy
 
-        with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
-            fn(grid, block, args)
+        mod = cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17",))
+        out = torch.zeros(1, dtype=torch.int64, device=self.device)
+        kv = self.ctx.real_kv_sources[0].tensor if self.mode != RealKvHashMode.NONE else None
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        args = (cupy.uint64(self.req_to_token.data_ptr() if with_table else 0), cupy.int64(self.req_to_token.shape[1]),
+                cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
+                cupy.uint64(self.num_slots), cupy.uint64(0 if kv is None else kv.data_ptr()),
+                cupy.int64(REAL_KV_ROW_BYTES // 16), cupy.uint64(out.data_ptr()))
+
+        def make(u: int, b: int):
+            fn = mod.get_function(f"kvc_bench_floor_u{u}")
+
+            def run():
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
+                    fn((b * sms,), (256,), args)
+            run.geometry = f"{u} x {b}"  # type: ignore[attr-defined]
+            run.keep = out  # type: ignore[attr-defined]
+            return run
+
+        best = min((timer.eager(make(u, b), runs=10, warmup=2), u, b) for u, b in FLOOR_GEOMETRIES)
+        return make(best[1], best[2])
+
+    def floor_op(self, with_table: bool, timer: Timer):
+        key = "_gather" if with_table else "_random"
+        if not hasattr(self, key):
+            setattr(self, key, self._floor_launcher(with_table, timer))
+        return getattr(self, key)
 
     def verify_table_kv(self):
         self.verify_table(contexts=(self.ctx, self.ctx_v))
@@ -573,6 +609,7 @@ def main(argv=None) -> int:
 
     rows: list[Row] = []
     failures: list[str] = []
+    floor_geometries: list[str] = []
     modes = [RealKvHashMode[m.strip().upper()] for m in args.modes.split(",")]
     layouts = [x.strip().lower() for x in args.layouts.split(",")]
     for x in layouts:
@@ -602,11 +639,15 @@ def main(argv=None) -> int:
             "verify_table_kv": (case.verify_table_kv, case.bs * case.prefix),
             "write": (case.write, case.bs * case.extend),
             "write_table": (case.write_table, case.bs * case.extend),
-            "gather_floor": (case.gather_floor, case.bs * case.prefix),
+            # (the floors pick their fastest geometry first, so they are built only when wanted)
+            "gather_floor": (case.floor_op(True, timer) if "gather_floor" in wanted_ops and case.prefix else None,
+                             case.bs * case.prefix),
+            "random_reads": (case.floor_op(False, timer) if "random_reads" in wanted_ops and case.prefix else None,
+                             case.bs * case.prefix),
             "scatter": (case.scatter, case.bs * case.L),
         }
         for op, (fn, units) in ops.items():
-            if op not in wanted_ops or (case.prefix == 0 and op in VERIFY_OPS):
+            if op not in wanted_ops or (case.prefix == 0 and op in VERIFY_OPS) or fn is None:
                 continue
             eager = timer.eager(fn, runs=args.runs, warmup=args.warmup)
             host = timer.host(fn, calls=args.host_calls)
@@ -621,6 +662,8 @@ def main(argv=None) -> int:
                                     f"{type(e).__name__}: {e}")
                     torch.cuda.synchronize()
             rows.append(Row(shape, layout, mode.name, op, units, eager, graph, host))
+            if hasattr(fn, "geometry"):
+                floor_geometries.append(f"{shape} {layout} {mode.name} {op} {fn.geometry}")
             print(f"  {op:15s} units {units:>10,}  eager {eager:9.2f} µs  graph {fmt(graph, '9.2f')} µs  "
                   f"host {host:6.1f} µs", flush=True)
         torch.cuda.synchronize()
@@ -634,9 +677,12 @@ def main(argv=None) -> int:
     notes = [
         "",
         "B/unit: nominal for plan (36), verify (88), write (56), scatter (12), real KV not counted; the byte minimum "
-        "for verify_table (36 per entry, +32 in PARTIAL) and verify_table_kv (68, +64). % copy = units * B/unit / "
+        "for verify_table (36 per entry, +32 in PARTIAL) and verify_table_kv (68, +64); the bare reads: "
+        "gather_floor as verify_table, random_reads 32 per read (+32 in PARTIAL, so its share compares with "
+        "gather_floor's). % copy = units * B/unit / "
         "time over the copy bandwidth. host µs = CPU time of one public-op call (median). ns/token = write time "
-        "(better of eager and graph) / extend.",
+        "(better of eager and graph) / extend. Floor geometries (entries per thread x blocks per SM, the fastest of "
+        "9): " + (", ".join(floor_geometries) or "-") + ".",
         "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures)),
     ]
     text = "\n".join(header) + "\n\n" + md + "\n" + "\n".join(notes) + "\n"

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""One plan-free verify launch of a benchmark shape, for Nsight Compute (hardware counters).
+"""Launches of one kvcanary op on a benchmark shape, for Nsight Compute (hardware counters).
 
 Usage (on a CUDA machine, from the repository root)::
 
@@ -7,8 +7,12 @@ Usage (on a CUDA machine, from the repository root)::
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats \\
         python3 bench/profile_verify_table.py --shape B
 
-Builds the case of ``bench/bench_cuda.py`` (``--shape``, real-KV NONE, shuffled slots; its prefix stamped and
-checked clean first) and launches ``launch_canary_verify_from_table`` three times (one buffer).
+    ncu --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 ... \
+        python3 bench/profile_verify_table.py --shape A --op write_table
+
+Builds the case of ``bench/bench_cuda.py`` (``--shape``, real-KV NONE, shuffled slots; its prefix stamped first,
+with two launches of the plan-based write) and launches ``--op`` three times (one buffer): ``verify_table``
+(default), ``write_table`` or ``write`` (the plan-based decode write, after one plan).
 """
 
 from __future__ import annotations
@@ -28,14 +32,17 @@ from kvcanary import RealKvHashMode
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="B")
+    ap.add_argument("--op", default="verify_table", choices=("verify_table", "write_table", "write"))
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     case = Case(args.shape, RealKvHashMode.NONE, "shuffled", dev, seed=0)
     case.stamp_prefix()
+    if args.op == "write":
+        case.plan()
     for _ in range(3):
-        case.verify_table()
+        getattr(case, args.op)()
     torch.cuda.synchronize()
-    print("launched 3 verify_from_table of shape", args.shape)
+    print(f"launched 3 {args.op} of shape", args.shape)
     return 0
 
 

@@ -28,9 +28,10 @@
 // PARTIAL twice the random sectors: ~190 µs (target 215); A (1 M entries, 37 MB) ~11 µs of DRAM time plus launch
 // and ramp-up (target 19 eager; in a graph the working set mostly fits the 50 MB L2). The row walk every block
 // repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the entries' bytes).
-// Occupancy: 4 blocks of 256 threads per SM within 64 registers (NONE), 2 per SM with real KV (~116 registers);
-// with 2 entries per thread per step that is 2048 (1024) entries in flight per SM, above the ~800 random sectors
-// per SM that cover the DRAM latency at full bandwidth.
+// Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
+// 1 with it (2048 and 1024 entries in flight per SM). Measured (docs/BENCHMARKS.md): B shuffled runs at the
+// speed of a bare gather of the same bytes; the estimates above assumed more random-sector throughput than the
+// H200's memory system gives.
 //
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
 // hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
@@ -55,15 +56,20 @@
 #error "KVC_HAS_REAL_KV must be defined (0 or 1)"
 #endif
 
-// Launch geometry (kvcanary/ops/cuda/grids.py reads these defines): the grid is this many blocks per SM.
+// Launch geometry (kvcanary/ops/cuda/grids.py reads these defines): the grid is this many blocks per SM, and
+// each thread takes this many entries per step. Chosen by bench/tune_verify_table.py on an H200 (2026-12-03):
+// without real KV, 2 entries x 4 blocks (64 registers) beat every other pair at B (more entries or blocks in
+// flight made the random record reads slower); with real KV, 1 entry x 4 blocks (64 registers) beat 2 x 2
+// (116 registers) by 6-20 %.
 #define KVC_VT_THREADS 256
 #define KVC_VT_BLOCKS_PER_SM 4
-#define KVC_VT_BLOCKS_PER_SM_REAL_KV 2
-#define KVC_VT_UNROLL 2  // entries per thread per step
+#define KVC_VT_UNROLL 2
+#define KVC_VT_BLOCKS_PER_SM_REAL_KV 4
+#define KVC_VT_UNROLL_REAL_KV 1
 
 namespace kvc {
 constexpr int kVtMinBlocks = KVC_HAS_REAL_KV ? KVC_VT_BLOCKS_PER_SM_REAL_KV : KVC_VT_BLOCKS_PER_SM;
-constexpr int kVtUnroll = KVC_VT_UNROLL;
+constexpr int kVtUnroll = KVC_HAS_REAL_KV ? KVC_VT_UNROLL_REAL_KV : KVC_VT_UNROLL;  // entries per thread per step
 #if KVC_HAS_REAL_KV
 constexpr int kVtFoldLoads = 2;  // loads in flight per real-KV fold batch (ALL mode)
 #endif

@@ -250,6 +250,13 @@ if has_part ncu; then
             --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
             --section WarpStateStats --section LaunchStats "$PY" bench/profile_verify_table.py --shape B
         rc=$?
+        # The decode writes at A: the plan-free write against the plan-based one.
+        "$NCU" --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+            "$PY" bench/profile_verify_table.py --shape A --op write_table >> "$OUT/ncu.log" 2>&1 || rc=1
+        "$NCU" --clock-control none -k 'regex:^kvc_write$' --launch-skip 4 --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+            "$PY" bench/profile_verify_table.py --shape A --op write >> "$OUT/ncu.log" 2>&1 || rc=1
         SUMMARY+=("ncu|$(result_word $rc)|$PART_SECONDS|-")
     fi
 fi
