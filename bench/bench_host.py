@@ -46,8 +46,27 @@ class NullBackend:
 
     name = "null"
 
+    class _Step:
+        def __init__(self, verify_contexts, write_contexts):
+            self.verify_contexts, self.write_contexts = verify_contexts, write_contexts
+
+        def verify(self, **kw):
+            return None
+
+        def write(self, **kw):
+            return None
+
+    def table_step(self, *, device, verify_contexts, write_contexts, stream=None):
+        return self._Step(verify_contexts, write_contexts)
+
     def __getattr__(self, name):
         return lambda launch, stream=None: None
+
+
+def use_backend(canary) -> None:
+    """Point ``canary`` at the current backend of its device (its prepared step launches rebuilt)."""
+    canary._backend = backends.backend_for(canary._dev)
+    canary._table_steps.clear()
 
 
 @contextmanager
@@ -281,7 +300,7 @@ def main(argv=None) -> int:
             e.canary.step("tail", **e.batch)
         if args.null_backend:
             with null_backend(dev.type):
-                e.canary._backend = backends.backend_for(e.canary._dev)
+                use_backend(e.canary)
                 host, gpu = time_steps(e, steps)
         else:
             host, gpu = time_steps(e, steps)
@@ -290,9 +309,9 @@ def main(argv=None) -> int:
         if args.breakdown and not swa and dev.type == "cuda" and not args.null_backend:
             parts = breakdown(e)
             with null_backend(dev.type):
-                e.canary._backend = backends.backend_for(e.canary._dev)
+                use_backend(e.canary)
                 null_host, _ = time_steps(e, steps)
-            e.canary._backend = backends.backend_for(e.canary._dev)
+            use_backend(e.canary)
             parts.insert(0, ("step K+V FULL with a null backend (Python only, this device)",
                              statistics.median(null_host), "per step"))
         found = e.canary.poll(sync=True)

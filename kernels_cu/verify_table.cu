@@ -57,7 +57,7 @@
 #endif
 
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines): the grid is this many blocks per SM, and
-// each thread takes this many entries per step. Chosen by bench/tune_verify_table.py on an H200 (2026-12-03):
+// each thread takes this many entries per step. Chosen by bench/tune_geometry.py on an H200 (2026-12-03):
 // without real KV, 2 entries x 4 blocks (64 registers) beat every other pair at B (more entries or blocks in
 // flight made the random record reads slower); with real KV, 1 entry x 4 blocks (64 registers) beat 2 x 2
 // (116 registers) by 6-20 %.

@@ -36,13 +36,14 @@
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines).
 #define KVC_WT_THREADS 256
 #define KVC_WT_BLOCKS_PER_SM 1
+#define KVC_WT_ROW_ITEMS 4  // rows per thread per tile of the row scan
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
 // Tokens per tile of the long-request path (its workers are threads 32 .. 32 + kWtTile - 1; with four contexts a
 // tile's shared memory is about 26 KB).
 constexpr int kWtTile = 96;
-constexpr int kWtRowItems = 4;                          // rows per thread per tile of the row scan
+constexpr int kWtRowItems = KVC_WT_ROW_ITEMS;
 constexpr int kWtRows = kWtRowItems * KVC_WT_THREADS;  // rows per tile
 static_assert(kWtWarps * kWarpSize == KVC_WT_THREADS, "whole warps");
 static_assert(KVC_WT_THREADS >= kWriteWorkerBase + kWtTile, "a worker per tile token");

@@ -4,7 +4,8 @@ A backend runs validated launch records (:mod:`kvcanary.ops.launches`) and write
 place. :class:`CpuBackend` is the NumPy reference (:mod:`kvcanary.ops.reference`); :class:`CudaBackend`
 launches the CuPy kernels of :mod:`kvcanary.ops.cuda` (imported on first use, so the CPU path never imports
 CuPy). :func:`backend_for` picks one from the device every array of a launch lives on. Both implement
-:class:`Backend`, method for method, so a reader can hold one against the other.
+:class:`Backend`, method for method, so a reader can hold one against the other. :meth:`Backend.table_step`
+prepares the plan-free launches of a canary step once per set of contexts (:mod:`kvcanary.ops.table_step`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Protocol
 from kvcanary.errors import CudaBackendUnavailableError
 from kvcanary.ops.interop import Device
 from kvcanary.ops.launches import (
+    ContextViews,
     PlanLaunch,
     RecordCopyLaunch,
     RecordGatherLaunch,
@@ -24,6 +26,7 @@ from kvcanary.ops.launches import (
     WriteLaunch,
     WriteTableLaunch,
 )
+from kvcanary.ops.table_step import RecordTableStep, TableStep
 
 
 class Backend(Protocol):
@@ -40,6 +43,8 @@ class Backend(Protocol):
     def gather_records(self, launch: RecordGatherLaunch, stream: Any = None) -> None: ...
     def scatter_records(self, launch: RecordScatterLaunch, stream: Any = None) -> None: ...
     def copy_records(self, launch: RecordCopyLaunch, stream: Any = None) -> None: ...
+    def table_step(self, *, device: Device, verify_contexts: tuple[ContextViews, ...],
+                   write_contexts: tuple[ContextViews, ...], stream: Any = None) -> TableStep: ...
 
 
 class CpuBackend:
@@ -78,6 +83,10 @@ class CpuBackend:
 
     def copy_records(self, launch: RecordCopyLaunch, stream: Any = None) -> None:
         self._ref.copy_records(launch)
+
+    def table_step(self, *, device: Device, verify_contexts: tuple[ContextViews, ...],
+                   write_contexts: tuple[ContextViews, ...], stream: Any = None) -> TableStep:
+        return RecordTableStep(self, device=device, verify_contexts=verify_contexts, write_contexts=write_contexts)
 
 
 class CudaBackend:
@@ -118,6 +127,17 @@ class CudaBackend:
 
     def copy_records(self, launch: RecordCopyLaunch, stream: Any = None) -> None:
         self._cuda.copy_records(launch, stream)
+
+    def table_step(self, *, device: Device, verify_contexts: tuple[ContextViews, ...],
+                   write_contexts: tuple[ContextViews, ...], stream: Any = None) -> TableStep:
+        from kvcanary.ops.cuda.params import MAX_CONTEXTS
+        from kvcanary.ops.cuda.table_step import CudaTableStep
+
+        if max(len(verify_contexts), len(write_contexts)) > MAX_CONTEXTS:  # several launches: the records' path
+            return RecordTableStep(self, device=device, verify_contexts=verify_contexts,
+                                   write_contexts=write_contexts)
+        return CudaTableStep(device=device, verify_contexts=verify_contexts, write_contexts=write_contexts,
+                             stream=stream)
 
 
 _backends: dict[str, Backend] = {}

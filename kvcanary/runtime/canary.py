@@ -48,8 +48,9 @@ from kvcanary.errors import invalid
 from kvcanary.ops.backends import backend_for
 from kvcanary.ops.checks import check_capacity, check_int, check_non_negative
 from kvcanary.ops.interop import ArrayView, Device, view
-from kvcanary.ops.launches import TableViews, VerifyLaunch, VerifyTableLaunch, WriteTableLaunch
+from kvcanary.ops.launches import TableViews, VerifyLaunch
 from kvcanary.ops.structs import RealKvSource, VerifyPlan
+from kvcanary.ops.table_step import TableStep
 from kvcanary.ops.validation import array, array_on, verify_plan_views
 from kvcanary.runtime.buffers import CanaryState
 from kvcanary.runtime.collector import ViolationCollector, check_mode
@@ -217,6 +218,7 @@ class KVCanary:
         self._backend = backend_for(self._dev)
         # The verify kernel adds each step's invalid-row count straight into the status block (no extra op).
         self._invalid_rows_total = view("status invalid_rows", self.state.invalid_rows_total)
+        self._table_steps: dict[tuple[str, str], TableStep] = {}
 
         cap = (min(self.num_slots, 1 << 16) if sweep_capacity is None
                else check_capacity("sweep_capacity", sweep_capacity))
@@ -492,23 +494,30 @@ class KVCanary:
                 assert self._swa_locs is not None
                 swa_loc = view("swa_out_cache_loc", self._swa_locs.translate(out_cache_loc))
             for group in self.groups:
-                lut = self._lut() if group == "swa" else None
-                self._backend.verify_from_table(VerifyTableLaunch(
-                    device=dev, contexts=self.state.context_views(phase, group, Kernel.VERIFY),
-                    req_pool_indices=rpi, prefix_lens=prefix, table=table,
-                    swa_window_size=self.swa_window if group == "swa" else 0, lut=lut,
-                    expected_tokens_pool=pool, expected_tokens_valid_lens=valid,
-                    token_offset=self.kv_token_id_vs_position_offset, check_expected_token=pool is not None,
-                    invalid_rows=None, invalid_rows_total=self._invalid_rows_total if group == "full" else None),
-                    stream)
-                group_loc = loc if group == "full" else swa_loc
+                swa = group == "swa"
+                lut = self._lut() if swa else None
+                launches = self._table_step(phase, group, stream)
+                launches.verify(table=table, lut=lut, req_pool_indices=rpi, prefix_lens=prefix,
+                                swa_window_size=self.swa_window if swa else 0, expected_tokens_pool=pool,
+                                expected_tokens_valid_lens=valid, token_offset=self.kv_token_id_vs_position_offset,
+                                check_expected_token=pool is not None,
+                                invalid_rows_total=None if swa else self._invalid_rows_total, stream=stream)
+                group_loc = swa_loc if swa else loc
                 assert group_loc is not None
-                self._backend.write_from_table(WriteTableLaunch(
-                    device=dev, contexts=self.state.context_views(phase, group, Kernel.WRITE),
-                    req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend, table=table, lut=lut,
-                    input_ids=ids, positions=pos, out_cache_loc=group_loc,
-                    expected_input_tokens=exp_in_tok, expected_input_positions=exp_in_pos, invalid_rows=None),
-                    stream)
+                launches.write(table=table, lut=lut, req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend,
+                               input_ids=ids, positions=pos, out_cache_loc=group_loc,
+                               expected_input_tokens=exp_in_tok, expected_input_positions=exp_in_pos, stream=stream)
+
+    def _table_step(self, phase: str, group: str, stream: Any) -> TableStep:
+        """The prepared verify and write launches of (phase, group), rebuilt when the validated contexts changed
+        (a buffer or source replaced: ``state.refresh`` re-validates them into new objects)."""
+        v = self.state.context_views(phase, group, Kernel.VERIFY)
+        w = self.state.context_views(phase, group, Kernel.WRITE)
+        prepared = self._table_steps.get((phase, group))
+        if prepared is None or prepared.verify_contexts is not v or prepared.write_contexts is not w:
+            prepared = self._backend.table_step(device=self._dev, verify_contexts=v, write_contexts=w, stream=stream)
+            self._table_steps[(phase, group)] = prepared
+        return prepared
 
     def _table(self, req_to_token: Any, block_table: Any) -> TableViews:
         if (req_to_token is None) == (block_table is None):

@@ -20,8 +20,8 @@
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
 # 7. ncu        - Nsight Compute counters of one plan-free verify launch at shape B (bench/profile_verify_table.py)
-# 8. tune       - (only when named in RUN_PARTS) bench/tune_verify_table.py: the plan-free verify's launch-geometry
-#                 sweep (writes $OUT/tune_verify_table.md; TUNE_ARGS, T_TUNE)
+# 8. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
+#                 sweep (writes $OUT/tune_<kernel>.md; TUNE_ARGS, T_TUNE)
 #
 # transformers 5.24.0 (the version the integration is pinned to) is installed from .whl/ when a wheel is there
 # (carry .whl with the call): pip install --no-deps --target /tmp/site, then PYTHONPATH; its GPU tests are part
@@ -261,9 +261,9 @@ if has_part ncu; then
     fi
 fi
 
-# ---- 8. (opt-in: RUN_PARTS=... tune) launch-geometry sweep of the plan-free verify
+# ---- 8. (opt-in: RUN_PARTS=... tune) launch-geometry sweep of the plan-free kernels (TUNE_ARGS="--kernel write_table")
 if has_part tune; then
-    OUT="$OUT" run_part tune "${T_TUNE:-240}" "$OUT/tune.log" "$PY" bench/tune_verify_table.py ${TUNE_ARGS:-}
+    OUT="$OUT" run_part tune "${T_TUNE:-240}" "$OUT/tune.log" "$PY" bench/tune_geometry.py ${TUNE_ARGS:-}
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("tune|$(result_word $rc)|$PART_SECONDS|-")

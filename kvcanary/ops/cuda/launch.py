@@ -76,7 +76,7 @@ def resolve_stream(stream: Any, device: Device) -> _RawStream:
     return raw_stream(stream_handle(stream, device))
 
 
-class _ArgBuffer:
+class ArgBuffer:
     """A reusable host buffer holding one by-value struct argument, and the one-entry ``void*`` array that points
     at it (what ``cuLaunchKernel`` takes as ``kernelParams``). CUDA copies the argument bytes when a launch is
     enqueued (or a graph node captured), so the buffer may be refilled by the next launch at once; one per thread
@@ -126,7 +126,7 @@ def launch(fn: Any, grid: int, block: int, words: Sequence[int], device_index: i
             bufs = _tls.bufs = {}
         buf = bufs.get(n)
         if buf is None:
-            buf = bufs[n] = _ArgBuffer(n)
+            buf = bufs[n] = ArgBuffer(n)
         buf.packer.pack_into(buf.words, 0, *words)
         if cp.cuda.runtime.getDevice() == device_index:
             drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
@@ -140,6 +140,21 @@ def launch(fn: Any, grid: int, block: int, words: Sequence[int], device_index: i
     else:
         with cp.cuda.Device(device_index):
             fn((grid,), (block,), (arg,), 0, stream)
+
+
+def launch_prepared(fn: Any, grid: int, block: int, buf: ArgBuffer, device_index: int, stream: _RawStream) -> None:
+    """Launch ``fn`` with the struct already packed in ``buf`` (a prepared launch: see
+    :mod:`kvcanary.ops.cuda.table_step`), on ``stream``, on ``device_index``."""
+    cp = import_cupy()
+    drv_launch = _launch_kernel_fn()
+    fptr = getattr(fn, "ptr", None)
+    if cp.cuda.runtime.getDevice() != device_index:
+        with cp.cuda.Device(device_index):
+            return launch_prepared(fn, grid, block, buf, device_index, stream)
+    if drv_launch and fptr is not None:
+        drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
+    else:
+        fn((grid,), (block,), (P.kernel_arg(list(buf.words)),), 0, stream)
 
 
 def memset32_zero(p: int, device_index: int, stream: _RawStream) -> None:

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Launch-geometry sweep of the plan-free kernels, timed on ``bench_cuda.py``'s cases, every variant checked first.
+
+Usage (on a CUDA machine, from the repository root)::
+
+    PYTHONPATH=. python3 bench/tune_geometry.py                         # verify_table, the default variants
+    PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
+    PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
+
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxB`` sets ``U`` entries per thread per step
+and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``).
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxR`` sets ``T`` threads per block, ``B``
+blocks per SM and ``R`` rows per thread of the row scan (``KVC_WT_THREADS``, ``KVC_WT_BLOCKS_PER_SM``,
+``KVC_WT_ROW_ITEMS``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
+defines, and the launchers read the grid from the same copy, so a variant is what the library would run.
+
+Per variant and case: the eager time (L2 flushed, median) and, for write_table, the time in a CUDA graph (the
+decode write is launched inside captured forwards); registers and local (spill) bytes per thread. Before timing,
+every variant must pass ``bench_cuda.Case.check`` on shape A (clean prefix verified clean, one flipped token
+caught, the plan-free write stamping what the plan-based one stamps). The table is printed last (and written to
+``$OUT/tune_<kernel>.md`` when ``$OUT`` is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_cuda as B
+
+from kvcanary import RealKvHashMode
+from kvcanary.ops.cuda import grids, launch, loader, specs
+
+KERNELS = {
+    # kernel -> (source, entry point, defines a variant sets (in variant order, each define: its names),
+    #            default variants, timed Case method, spec flags (NONE, real KV))
+    "verify_table": ("verify_table.cu", "kvc_verify_from_table",
+                     [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV")],
+                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
+                     lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv)),
+    "write_table": ("write_table.cu", "kvc_write_from_table",
+                    [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",)],
+                    "shipped,256x1x4,256x1x1,128x2x2,128x2x1,128x4x1,256x2x1", "write_table",
+                    lambda kv: dict(input_assert=False, has_real_kv=kv)),
+}
+_original: list[Path] = []
+
+
+def use_variant(kernel: str, values: tuple[int, ...], work: Path) -> None:
+    """A copy of kernels_cu/ with the variant's defines, made the library's kernel source; caches cleared."""
+    if not _original:
+        _original.append(specs.kernels_dir())
+    source, _, defines, *_ = KERNELS[kernel]
+    dst = work / ("shipped" if not values else "_".join(map(str, values)))
+    if not dst.exists():
+        shutil.copytree(_original[0], dst)
+        f = dst / source
+        text = f.read_text()
+        for names, value in zip(defines, values):
+            for name in names:
+                text, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
+                assert n == 1, name
+        f.write_text(text)
+    specs.kernels_dir = lambda d=dst: d  # type: ignore[assignment]
+    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid):
+        fn.cache_clear()
+    loader._modules.clear()
+    loader._kernels.clear()
+    loader._functions.clear()
+    launch.clear_caches()
+
+
+def name(values: tuple[int, ...]) -> str:
+    return "shipped" if not values else " x ".join(map(str, values))
+
+
+def kernel_info(kernel: str, device_index: int, real_kv: bool) -> tuple[int, int]:
+    _, entry, _, _, _, flags = KERNELS[kernel]
+    k = loader.kernel(specs.spec_for(kernel, **flags(real_kv)), entry, device_index)
+    return int(k.num_regs), int(k.local_size_bytes)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", choices=tuple(KERNELS), default="verify_table")
+    ap.add_argument("--variants", default=None, help="default: the kernel's list (see the module docstring)")
+    ap.add_argument("--shapes", default=None, help="default: A,B (verify_table); A,B,D (write_table)")
+    ap.add_argument("--modes", default="NONE,PARTIAL")
+    ap.add_argument("--layouts", default=None, help="default: shuffled,contiguous (verify_table); shuffled")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=20240601)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("tune_geometry: no CUDA device", file=sys.stderr)
+        return 2
+    kernel = args.kernel
+    _, _, defines, default_variants, method, _ = KERNELS[kernel]
+    is_write = kernel == "write_table"
+    shapes = args.shapes or ("A,B,D" if is_write else "A,B")
+    layouts = args.layouts or ("shuffled" if is_write else "shuffled,contiguous")
+    dev = torch.device("cuda", torch.cuda.current_device())
+    variants: list[tuple[int, ...]] = []
+    for v in (args.variants or default_variants).split(","):
+        v = v.strip().lower()
+        values = () if v == "shipped" else tuple(int(x) for x in v.split("x"))
+        if values and len(values) != len(defines):
+            ap.error(f"--variants: {v!r} needs {len(defines)} numbers for {kernel}")
+        variants.append(values)
+    timer = B.Timer(dev)
+    modes = [RealKvHashMode[m.strip().upper()] for m in args.modes.split(",")]
+    combos = [(s.strip().upper(), lay.strip(), m) for s in shapes.split(",") for lay in layouts.split(",")
+              for m in modes]
+    eager: dict[tuple, float] = {}
+    graph: dict[tuple, float] = {}
+    info: dict[tuple, tuple] = {}
+    failures: list[str] = []
+    work = Path(tempfile.mkdtemp(prefix="kvc_tune_"))
+    try:
+        for mode in modes:  # correctness of every variant first, on shape A
+            case = B.Case("A", mode, "shuffled", dev, args.seed)
+            for var in variants:
+                use_variant(kernel, var, work)
+                bad = [c for c in case.check() if not c.ok]
+                if bad:
+                    failures.append(f"{name(var)} A/{mode.name}: " + "; ".join(f"{c.name}: {c.detail}" for c in bad))
+                info[var, mode.name] = kernel_info(kernel, dev.index, mode != RealKvHashMode.NONE)
+            del case
+        for shape, layout, mode in combos:
+            case = B.Case(shape, mode, layout, dev, args.seed)
+            case.stamp_prefix()
+            fn = getattr(case, method)
+            for var in variants:
+                use_variant(kernel, var, work)
+                key = (var, shape, layout, mode.name)
+                eager[key] = timer.eager(fn, runs=args.runs, warmup=3)
+                if is_write:
+                    reps = max(1, min(20, int(2000 / max(eager[key], 1e-3))))
+                    graph[key] = timer.graph(fn, runs=args.runs, reps=reps)
+                print(f"  {name(var)} {shape} {layout} {mode.name}: eager {eager[key]:.2f} µs"
+                      + (f", graph {graph[key]:.2f} µs" if is_write else ""), flush=True)
+            if case.violations():
+                failures.append(f"{shape}/{layout}/{mode.name}: {case.violations()} violations while timing")
+            del case
+            torch.cuda.empty_cache()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    cols = [(s, lay, m.name) for s, lay, m in combos]
+    what = "eager / graph" if is_write else "eager"
+    head = ("entries/thread x blocks/SM" if not is_write else "threads x blocks/SM x rows/thread")
+    lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
+             f"of {args.runs})", "",
+             f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)
+             + " |", "|" + "---|" * (3 + len(cols))]
+
+    def cell(key):
+        e = eager.get(key, float("nan"))
+        return f"{e:.2f} / {graph.get(key, float('nan')):.2f}" if is_write else f"{e:.2f}"
+
+    for var in variants:
+        rn = info.get((var, "NONE"), (0, 0))
+        rp = info.get((var, "PARTIAL"), (0, 0))
+        lines.append(f"| {name(var)} | {rn[0]} / {rp[0]} | {rn[1]} / {rp[1]} | "
+                     + " | ".join(cell((var, *c)) for c in cols) + " |")
+    lines += ["", "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures))]
+    text = "\n".join(lines)
+    print(text)
+    if os.environ.get("OUT"):
+        Path(os.environ["OUT"], f"tune_{kernel}.md").write_text(text + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
