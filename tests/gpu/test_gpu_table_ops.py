@@ -230,10 +230,12 @@ def test_write_table_long_requests_several_contexts(cuda_ready):
         run_write_table(b, cases, tokens, paged=True, rng=rng)
 
 
-def test_write_table_many_rows(cuda_ready):
-    """More rows than one tile of the kernel's row scan (1024), short requests (decode-like)."""
-    rng = rng_for("write_table-rows")
-    n = size(1300, 300)
+@pytest.mark.parametrize("rows", [200, 300, 700, 1300])
+def test_write_table_many_rows(cuda_ready, rows):
+    """Short requests (decode-like) in batches that take 1 to 4 rows per thread of the kernel's row scan (256
+    threads), and more rows than one tile (1024)."""
+    rng = rng_for("write_table-rows", rows)
+    n = size(rows, min(rows, 300))
     b, cases = setup(rng, block_size=1, window=0, pad_row=-1, n_contexts=2, n_active=n, max_blocks=40,
                      max_extend=3, n_sources=1, mode=Mode.PARTIAL)
     run_write_table(b, cases, make_write_tokens(rng, b), paged=False, rng=rng)
