@@ -23,15 +23,13 @@
 // record): about 1/32 of the entries. PARTIAL adds one 32-byte sector of real KV per entry per source (its first
 // 16 bytes are loaded together with the record, so both latencies overlap). With several contexts the row
 // mapping, table, LUT and pool reads are done once; each context adds its record (and KV) reads.
-// Numbers (H200, shuffled pool): the two-pass verify's B run moved ~16.8 M random 32-byte sectors in ~170 µs
-// (~3.2 TB/s); here B (8.4 M entries) needs ~8.4 M random sectors + 34 MB of table: ~95 µs expected (target 115),
-// PARTIAL twice the random sectors: ~190 µs (target 215); A (1 M entries, 37 MB) ~11 µs of DRAM time plus launch
-// and ramp-up (target 19 eager; in a graph the working set mostly fits the 50 MB L2). The row walk every block
-// repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the entries' bytes).
+// Numbers (H200, shuffled pool, docs/BENCHMARKS.md): B (8.4 M entries) runs within 7 % of a bare kernel that
+// reads the same table entries and records in the same order and checks nothing (237 against 221 us; random
+// 32-byte records cost a 64-byte DRAM access each, and the memory system tops out near 2.4 TB/s for them); A
+// (1 M entries) is 34 us eager, 25 us in a graph, where the per-block row walk and scan weigh more. The row walk
+// every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
-// 1 with it (2048 and 1024 entries in flight per SM). Measured (docs/BENCHMARKS.md): B shuffled runs at the
-// speed of a bare gather of the same bytes; the estimates above assumed more random-sector throughput than the
-// H200's memory system gives.
+// 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
 // hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp

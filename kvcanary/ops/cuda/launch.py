@@ -3,9 +3,12 @@
 Every kernel takes one parameter struct (:mod:`kvcanary.ops.cuda.params`). The per-context part of it (canary
 buffer, log, counters, tag, real-KV sources, the slot limit) is packed once per validated
 :class:`~kvcanary.ops.launches.ContextViews` (a frozen record: its addresses cannot change) and cached for as
-long as that record lives; the per-call part (batch arrays, plans) is packed on every call. A launch is one
-call of the kernel's ``cupy.cuda.function.Function`` with the raw stream handle: no per-launch CuPy stream or
-device context manager (the device is switched only when the current one differs).
+long as that record lives; the per-call part (batch arrays, plans) is packed on every call. A launch packs the words
+into this thread's reusable argument buffer and calls ``cuLaunchKernel`` through CuPy's driver binding with the
+kernel's handle and the raw stream handle (:func:`launch`; CuPy's ``Function.__call__`` is the fallback): no
+per-launch NumPy array, argument tuple, CuPy stream or device context manager (the device is switched only when
+the current one differs). :func:`launch_prepared` launches a struct packed ahead of time
+(:mod:`kvcanary.ops.cuda.table_step`, the canary's hot path).
 
 Real-KV sources (SPEC §3.1, §13). The SGLang-named kernels get up to four sources by value (a ``KvcRealKv4``);
 the plan-free kernels read a device descriptor table (int64 ``[n, 6]``: pointer, page size, bytes per token,
