@@ -112,48 +112,35 @@ def launch_path() -> str:
     return "cuLaunchKernel" if _launch_kernel_fn() else "cupy Function"
 
 
+def _thread_buffer(n: int) -> ArgBuffer:
+    bufs = getattr(_tls, "bufs", None)
+    if bufs is None:
+        bufs = _tls.bufs = {}
+    buf = bufs.get(n)
+    if buf is None:
+        buf = bufs[n] = ArgBuffer(n)
+    return buf
+
+
 def launch(fn: Any, grid: int, block: int, words: Sequence[int], device_index: int, stream: _RawStream) -> None:
     """Launch ``fn`` (a ``cupy.cuda.function.Function`` loaded on ``device_index``) with one by-value struct
-    argument of ``words``, on ``stream``, on ``device_index`` whatever the current device is.
-
-    The words are packed into this thread's reusable argument buffer and handed to ``cuLaunchKernel`` through
-    CuPy's driver binding: no per-launch NumPy array or argument tuple (CuPy's ``Function.__call__`` is the
-    fallback for a CuPy without the binding, or a kernel without a raw handle)."""
-    cp = import_cupy()
-    drv_launch = _launch_kernel_fn()
-    fptr = getattr(fn, "ptr", None)
-    if drv_launch and fptr is not None:
-        n = len(words)
-        bufs = getattr(_tls, "bufs", None)
-        if bufs is None:
-            bufs = _tls.bufs = {}
-        buf = bufs.get(n)
-        if buf is None:
-            buf = bufs[n] = ArgBuffer(n)
-        buf.packer.pack_into(buf.words, 0, *words)
-        if cp.cuda.runtime.getDevice() == device_index:
-            drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
-        else:
-            with cp.cuda.Device(device_index):
-                drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
-        return
-    arg = P.kernel_arg(words)
-    if cp.cuda.runtime.getDevice() == device_index:
-        fn((grid,), (block,), (arg,), 0, stream)
-    else:
-        with cp.cuda.Device(device_index):
-            fn((grid,), (block,), (arg,), 0, stream)
+    argument of ``words``, on ``stream``, on ``device_index`` whatever the current device is: the words are packed
+    into this thread's reusable argument buffer, then :func:`launch_prepared`."""
+    buf = _thread_buffer(len(words))
+    buf.packer.pack_into(buf.words, 0, *words)
+    launch_prepared(fn, grid, block, buf, device_index, stream)
 
 
 def launch_prepared(fn: Any, grid: int, block: int, buf: ArgBuffer, device_index: int, stream: _RawStream) -> None:
-    """Launch ``fn`` with the struct already packed in ``buf`` (a prepared launch: see
-    :mod:`kvcanary.ops.cuda.table_step`), on ``stream``, on ``device_index``."""
+    """Launch ``fn`` with the struct packed in ``buf``, on ``stream``, on ``device_index``: ``cuLaunchKernel``
+    through CuPy's driver binding (no per-launch NumPy array or argument tuple); CuPy's ``Function.__call__`` with
+    the struct's bytes is the fallback for a CuPy without the binding, or a kernel without a raw handle."""
     cp = import_cupy()
-    drv_launch = _launch_kernel_fn()
-    fptr = getattr(fn, "ptr", None)
     if cp.cuda.runtime.getDevice() != device_index:
         with cp.cuda.Device(device_index):
             return launch_prepared(fn, grid, block, buf, device_index, stream)
+    drv_launch = _launch_kernel_fn()
+    fptr = getattr(fn, "ptr", None)
     if drv_launch and fptr is not None:
         drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
     else:
