@@ -22,7 +22,15 @@ from typing import Any
 
 from kvcanary.ops.cuda import params as P
 from kvcanary.ops.cuda.grids import sm_count, verify_table_grid, write_table_grid
-from kvcanary.ops.cuda.launch import ArgBuffer, contexts_words, folds_real_kv, launch_prepared, ptr, resolve_stream
+from kvcanary.ops.cuda.launch import (
+    ArgBuffer,
+    contexts_words,
+    folds_real_kv,
+    launch_prepared,
+    ptr,
+    resolve_stream,
+    table_words,
+)
 from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.interop import ArrayView, Device
 from kvcanary.ops.launches import ContextViews, TableViews
@@ -35,12 +43,6 @@ _VERIFY_PACK = struct.Struct(f"<{_VERIFY_HEAD}q")
 _WRITE_PACK = struct.Struct(f"<{_WRITE_HEAD}q")
 assert P.VERIFY_TABLE.words == _VERIFY_HEAD + P.CONTEXT.words * P.MAX_CONTEXTS
 assert P.WRITE_TABLE.words == _WRITE_HEAD + P.CONTEXT.words * P.MAX_CONTEXTS
-
-
-def _table_head(table: TableViews, lut: ArrayView | None) -> tuple[int, ...]:
-    arr = table.array
-    return (arr.ptr, ptr(lut), lut.shape[0] if lut is not None else 0, arr.shape[0], arr.shape[1], table.block_size,
-            1 if table.paged else 0, table.max_seq_len, table.pad_row)
 
 
 class CudaTableStep:
@@ -81,7 +83,7 @@ class CudaTableStep:
 
     def _table(self, table: TableViews, lut: ArrayView | None) -> tuple[int, ...]:
         if self._table_key is None or self._table_key[0] is not table or self._table_key[1] is not lut:
-            self._table_words = _table_head(table, lut)
+            self._table_words = tuple(table_words(table, lut))
             self._table_key = (table, lut)
         return self._table_words
 
