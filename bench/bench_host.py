@@ -245,24 +245,34 @@ def breakdown(e: Engine) -> list[tuple[str, float, str]]:
     with cp.cuda.Device(dev.index):
         fn = cp.RawKernel(src, "kvc_noop").kernel
     s = L.resolve_stream(None, d)
-    t = torch.zeros(1, dtype=torch.int64, device=dev)
-    one = torch.zeros(1, dtype=torch.int32, device=dev)
+    buf = L.ArgBuffer(len(words))
+    drv_launch = cp.cuda.driver.launchKernel
     stager = e.canary.collector._stager
-    x = e.batch["input_ids"]
+    c, b = e.canary, e.batch
+    x, table = b["input_ids"], b["req_to_token"]
     rows = [
         ("launch of one kernel with one struct argument, all words packed (launch(), the public ops' path)",
-         _per_call_us(lambda: L.launch(fn, 1, 32, words, dev.index, s)),
-         "0 per step (a step's 2 prepared launches pack only the batch's words)"),
-        ("  of which: struct bytes (params.kernel_arg)", _per_call_us(lambda: P.kernel_arg(words)), ""),
-        ("raw stream handle (resolve_stream)", _per_call_us(lambda: L.resolve_stream(None, d)), "2 per step"),
-        ("torch add_ of one element", _per_call_us(lambda: t.add_(one)),
-         "0 per step (the verify kernel adds the invalid-row count; shown for scale)"),
-        ("stage status block + take landed copies", _per_call_us(lambda: (stager.stage(0), stager.take_landed())),
+         _per_call_us(lambda: L.launch(fn, 1, 32, words, dev.index, s)), "0 per step"),
+        ("  of which: struct bytes (params.kernel_arg), the CuPy Function fallback's cost",
+         _per_call_us(lambda: P.kernel_arg(words)), ""),
+        ("prepared launch, words already packed (launch_prepared)",
+         _per_call_us(lambda: L.launch_prepared(fn, 1, 32, buf, dev.index, s)),
+         "2 per step (each after one pack_into of the batch's words)"),
+        ("  of which: cuLaunchKernel itself (CuPy's driver binding)",
+         _per_call_us(lambda: drv_launch(fn.ptr, 1, 1, 1, 32, 1, 1, 0, s.ptr, buf.params_addr, 0)), ""),
+        ("pack the batch's words of a write (struct.pack_into)",
+         _per_call_us(lambda: buf.packer.pack_into(buf.words, 0, *words)), "2 per step (fewer words each)"),
+        ("raw stream handle (resolve_stream)", _per_call_us(lambda: L.resolve_stream(None, d)), "1 per step"),
+        ("stage status block + take landed copies", _per_call_us(lambda: (stager.stage(0, s), stager.take_landed())),
          "1 per step"),
-        ("one batch-array check (validation.array_on)",
-         _per_call_us(lambda: validation.array_on("input_ids", x, "int64", d)), "7 per step"),
+        ("one batch-array check (validation.batch_array)",
+         _per_call_us(lambda: validation.batch_array("input_ids", x, "int64", d)), "7 per step"),
+        ("the table passed again (KVCanary._table: same tensor, address, shape)",
+         _per_call_us(lambda: c._table(table, None)), "1 per step"),
+        ("staleness check of the long-lived arrays (CanaryState.refresh)",
+         _per_call_us(lambda: c.state.refresh("tail")), "1 per step"),
         ("torch.cuda.is_current_stream_capturing()", _per_call_us(torch.cuda.is_current_stream_capturing),
-         "2 per step"),
+         "1 per step"),
     ]
     torch.cuda.synchronize(dev)
     stager.take_landed(include_latest=True, wait=True)

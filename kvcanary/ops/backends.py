@@ -45,6 +45,9 @@ class Backend(Protocol):
     def copy_records(self, launch: RecordCopyLaunch, stream: Any = None) -> None: ...
     def table_step(self, *, device: Device, verify_contexts: tuple[ContextViews, ...],
                    write_contexts: tuple[ContextViews, ...], stream: Any = None) -> TableStep: ...
+    def launch_stream(self, stream: Any, device: Device) -> Any:
+        """``stream`` (None: the current stream of ``device``) resolved once, for several launches in a row."""
+        ...
 
 
 class CpuBackend:
@@ -88,6 +91,9 @@ class CpuBackend:
                    write_contexts: tuple[ContextViews, ...], stream: Any = None) -> TableStep:
         return RecordTableStep(self, device=device, verify_contexts=verify_contexts, write_contexts=write_contexts)
 
+    def launch_stream(self, stream: Any, device: Device) -> Any:
+        return None
+
 
 class CudaBackend:
     """The CuPy kernels; ``stream`` is the caller's stream (``None``: torch's current stream of the device)."""
@@ -100,6 +106,9 @@ class CudaBackend:
         except ImportError as e:  # the module or CuPy is missing
             raise CudaBackendUnavailableError(f"kv-canary: the CUDA backend is not available: {e}") from e
         self._cuda = backend
+        from kvcanary.ops.cuda.launch import resolve_stream
+
+        self._resolve_stream = resolve_stream
 
     def plan(self, launch: PlanLaunch, stream: Any = None) -> None:
         self._cuda.plan(launch, stream)
@@ -138,6 +147,9 @@ class CudaBackend:
                                    write_contexts=write_contexts)
         return CudaTableStep(device=device, verify_contexts=verify_contexts, write_contexts=write_contexts,
                              stream=stream)
+
+    def launch_stream(self, stream: Any, device: Device) -> Any:
+        return self._resolve_stream(stream, device)   # its raw handle as ``ptr``
 
 
 _backends: dict[str, Backend] = {}

@@ -78,6 +78,10 @@ class ArrayView(NamedTuple):
     def ndim(self) -> int:
         return len(self.shape)
 
+    def data_ptr(self) -> int:
+        """``ptr``, under torch's name: hot paths take a checked torch tensor or a view alike."""
+        return self.ptr
+
     @property
     def numel(self) -> int:
         return math.prod(self.shape)

@@ -61,13 +61,16 @@ _TAGS = frozenset(int(t) for t in CanaryLaunchTag)
 _MODES = frozenset(int(m) for m in RealKvHashMode)
 _TORCH_DTYPES: dict[str, Any] = {}
 _CUDA_DEVICES: dict[int, Device] = {}
+_TENSOR_TYPE: Any = None  # torch.Tensor, once torch is imported (the fast path of batch_array compares with it)
 
 
 def _torch_dtype(name: str) -> Any:
+    global _TENSOR_TYPE
     dt = _TORCH_DTYPES.get(name)
     if dt is None:
         import torch  # a dependency; imported on first use to keep this module light
 
+        _TENSOR_TYPE = torch.Tensor
         dt = _TORCH_DTYPES[name] = getattr(torch, name, None)
     return dt
 
@@ -124,6 +127,29 @@ def array_on(name: str, x: Any, dtype: str, device: Device, *, ndim: int = 1, le
     if v.device != device:
         raise invalid(f"{name} must be on {device}, got {v.device}")
     return v
+
+
+def batch_array(name: str, x: Any, dtype: str, device: Device, *, ndim: int = 1, length: int | None = None) -> Any:
+    """The checks of :func:`array_on` at the least host cost, for the arrays a hot path is passed on every call
+    (a canary step checks seven per call).
+
+    Returns ``x`` itself when it is a plain torch tensor that passes every check (dtype, rank, contiguity, length,
+    device: a handful of attribute reads, no view built); anything else takes :func:`array_on` and returns its
+    :class:`ArrayView`, or raises its exact error. Either way the result has ``.shape`` and ``.data_ptr()``
+    (see :func:`as_view` for an :class:`ArrayView` of it).
+    """
+    if type(x) is _TENSOR_TYPE and x.dtype is _TORCH_DTYPES.get(dtype) and x.is_contiguous():
+        shape = x.shape
+        if (len(shape) == ndim and (length is None or shape[0] == length)
+                and (x.get_device() == device.index if x.is_cuda else (x.is_cpu and device.kind == "cpu"))):
+            return x
+    v = array_on(name, x, dtype, device, ndim=ndim, length=length)
+    return x if type(x) is _TENSOR_TYPE else v   # a torch tensor seen before torch's dtypes were looked up
+
+
+def as_view(name: str, a: Any) -> ArrayView:
+    """The :class:`ArrayView` of an array :func:`batch_array` accepted (itself if it is one already)."""
+    return view(name, a)
 
 
 def _same_device(op: str, *views: ArrayView | None) -> Device:

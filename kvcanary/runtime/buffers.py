@@ -46,12 +46,11 @@ PHASE_KERNELS = {"head": (Kernel.VERIFY, Kernel.WRITE), "tail": (Kernel.VERIFY, 
                  "sweep": (Kernel.VERIFY,)}
 
 
-def _signature(t: Any) -> tuple:
-    """What must not change under a validated view: address, shape and strides (torch tensors; other arrays
-    are described by their identity)."""
-    if isinstance(t, torch.Tensor):
-        return (t.data_ptr(), tuple(t.shape), t.stride())
-    return (id(t),)
+def _signature(t: torch.Tensor) -> tuple:
+    """What must not change under a validated view of a torch tensor: its address, shape and strides (the tensor
+    itself first, so a check is one pass over these tuples). Other arrays (CuPy, DLPack) cannot be resized or
+    re-pointed in place, so they are not watched."""
+    return (t, t.data_ptr(), t.shape, t.stride())
 
 
 class CanaryState:
@@ -107,29 +106,34 @@ class CanaryState:
                         )
         self.views: dict[tuple[CanaryLaunchTag, Kernel], ContextViews] = {}
         self._launch_views: dict[tuple[str, str, Kernel], tuple[ContextViews, ...]] = {}
-        # The arrays under each phase's contexts (each once), whose signatures are compared at every step.
-        self._watched: dict[str, list[Any]] = {}
+        # The torch tensors under each phase's contexts (each once), whose signatures are compared at every step.
+        self._watched: dict[str, list[torch.Tensor]] = {}
         for phase in PHASE_KERNELS:
             seen: dict[int, Any] = {}
             for (tag, _), ctx in self.contexts.items():
                 if tag.phase == phase:
                     for a in (ctx.canary_buf, ctx.violation_ring, self.status, ctx.enable_chain_position_assert,
                               *(s.tensor for s in ctx.real_kv_sources)):
-                        seen.setdefault(id(a), a)
+                        if isinstance(a, torch.Tensor):
+                            seen.setdefault(id(a), a)
             self._watched[phase] = list(seen.values())
-        self._signatures: dict[str, tuple] = {}
+        self._signatures: dict[str, tuple[tuple, ...]] = {}
+        self.generation = 0   # bumped at every validation: what was prepared from older views is stale
         self.refresh(force=True)
 
     # -- validation once, and again only when something changed --------------------------------------------
 
-    def _signature_of(self, phase: str) -> tuple:
-        return tuple(_signature(a) for a in self._watched[phase])
+    def _unchanged(self, phase: str) -> bool:
+        for t, p, shape, strides in self._signatures[phase]:
+            if t.data_ptr() != p or t.shape != shape or t.stride() != strides:
+                return False
+        return True
 
     def refresh(self, phase: str = "head", *, force: bool = False) -> bool:
         """Re-validate every context if an array under ``phase``'s contexts changed (address, shape or strides)
-        since the last validation; returns whether it did. Raises the SPEC §9 error if the change made a context
-        invalid. (``force``: validate now, whatever changed.)"""
-        if not force and self._signature_of(phase) == self._signatures[phase]:
+        since the last validation; returns whether it did (and then bumps :attr:`generation`). Raises the SPEC §9
+        error if the change made a context invalid. (``force``: validate now, whatever changed.)"""
+        if not force and self._unchanged(phase):
             return False
         views = {key: context_views(ctx, max_sources=None) for key, ctx in self.contexts.items()}
         for v in views.values():
@@ -140,7 +144,8 @@ class CanaryState:
         self._launch_views = {
             (phase_, group, kernel): tuple(views[(CanaryLaunchTag.of(phase_, kv, group), kernel)] for kv in self.kvs)
             for phase_, kernels in PHASE_KERNELS.items() for group in self.groups for kernel in kernels}
-        self._signatures = {ph: self._signature_of(ph) for ph in PHASE_KERNELS}
+        self._signatures = {ph: tuple(_signature(t) for t in self._watched[ph]) for ph in PHASE_KERNELS}
+        self.generation += 1
         return True
 
     # -- lookups -----------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from kvcanary.ops.interop import ArrayView, Device, view
 from kvcanary.ops.launches import TableViews, VerifyLaunch
 from kvcanary.ops.structs import RealKvSource, VerifyPlan
 from kvcanary.ops.table_step import TableStep
-from kvcanary.ops.validation import array, array_on, verify_plan_views
+from kvcanary.ops.validation import array, array_on, batch_array, verify_plan_views
 from kvcanary.runtime.buffers import CanaryState
 from kvcanary.runtime.collector import ViolationCollector, check_mode
 from kvcanary.runtime.config import DEFAULT_WATCHDOG_PATIENCE, CanaryConfig
@@ -218,7 +218,8 @@ class KVCanary:
         self._backend = backend_for(self._dev)
         # The verify kernel adds each step's invalid-row count straight into the status block (no extra op).
         self._invalid_rows_total = view("status invalid_rows", self.state.invalid_rows_total)
-        self._table_steps: dict[tuple[str, str], TableStep] = {}
+        # Per phase: (the state's generation they were prepared at, (is SWA, prepared launches) per group).
+        self._table_steps: dict[str, tuple[int, tuple[tuple[bool, TableStep], ...]]] = {}
 
         cap = (min(self.num_slots, 1 << 16) if sweep_capacity is None
                else check_capacity("sweep_capacity", sweep_capacity))
@@ -436,88 +437,92 @@ class KVCanary:
         if phase not in STEP_PHASES:
             raise invalid(f"phase must be 'head' or 'tail', got {phase!r}")
         self.phases.check(phase)
-        self._launch_step(phase, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions,
-                          out_cache_loc, req_to_token, block_table, swa_out_cache_loc, expected_tokens,
-                          expected_tokens_valid_lens, expected_input_tokens, expected_input_positions, stream)
+        launch_stream = self._launch_step(
+            phase, req_pool_indices, prefix_lens, extend_seq_lens, input_ids, positions, out_cache_loc, req_to_token,
+            block_table, swa_out_cache_loc, expected_tokens, expected_tokens_valid_lens, expected_input_tokens,
+            expected_input_positions, stream)
         self.phases.commit(phase)
         if not is_capturing(self.device):
             self._calls[phase] += 1
-            self._close_step(watchdog=True)
+            self._close_step(watchdog=True, stream=launch_stream)
 
     def _launch_step(self, phase: str, req_pool_indices: Any, prefix_lens: Any, extend_seq_lens: Any,
                      input_ids: Any, positions: Any, out_cache_loc: Any, req_to_token: Any, block_table: Any,
                      swa_out_cache_loc: Any, expected_tokens: Any, expected_tokens_valid_lens: Any,
-                     expected_input_tokens: Any, expected_input_positions: Any, stream: Any) -> None:
+                     expected_input_tokens: Any, expected_input_positions: Any, stream: Any) -> Any:
+        """Check the batch and launch every group's verify and write; returns the backend's launch stream."""
         dev = self._dev
-        rpi = array_on("req_pool_indices", req_pool_indices, "int64", dev)
+        rpi = batch_array("req_pool_indices", req_pool_indices, "int64", dev)
         bs = rpi.shape[0]
         if bs > self.max_batch_size:
             raise invalid(f"batch size {bs} exceeds max_batch_size={self.max_batch_size}")
-        prefix = array_on("prefix_lens", prefix_lens, "int64", dev, length=bs)
-        extend = array_on("extend_seq_lens", extend_seq_lens, "int64", dev, length=bs)
+        prefix = batch_array("prefix_lens", prefix_lens, "int64", dev, length=bs)
+        extend = batch_array("extend_seq_lens", extend_seq_lens, "int64", dev, length=bs)
         table = self._table(req_to_token, block_table)
-        ids = array_on("input_ids", input_ids, "int64", dev)
+        ids = batch_array("input_ids", input_ids, "int64", dev)
         n = ids.shape[0]
         if self.max_tokens_per_step is not None and n > self.max_tokens_per_step:
             raise invalid(f"input_ids has {n} tokens, more than max_tokens_per_step={self.max_tokens_per_step}")
-        pos = array_on("positions", positions, "int64", dev, length=n)
-        loc = array_on("out_cache_loc", out_cache_loc, "int64", dev, length=n)
+        pos = batch_array("positions", positions, "int64", dev, length=n)
+        loc = batch_array("out_cache_loc", out_cache_loc, "int64", dev, length=n)
         if (expected_input_tokens is None) != (expected_input_positions is None):
             raise invalid("expected_input_tokens and expected_input_positions must be given together")
         exp_in_tok = exp_in_pos = None
         if expected_input_tokens is not None:
-            exp_in_tok = array_on("expected_input_tokens", expected_input_tokens, "int64", dev, length=n)
-            exp_in_pos = array_on("expected_input_positions", expected_input_positions, "int64", dev, length=n)
+            exp_in_tok = batch_array("expected_input_tokens", expected_input_tokens, "int64", dev, length=n)
+            exp_in_pos = batch_array("expected_input_positions", expected_input_positions, "int64", dev, length=n)
         pool = valid = None
         if (expected_tokens is None) != (expected_tokens_valid_lens is None):
             raise invalid("expected_tokens and expected_tokens_valid_lens must be given together")
         if expected_tokens is not None:
-            pool = array_on("expected_tokens", expected_tokens, "int32", dev, ndim=2)
+            pool = batch_array("expected_tokens", expected_tokens, "int32", dev, ndim=2)
             if self.expected_tokens_shape is not None and pool.shape != self.expected_tokens_shape:
                 raise invalid(f"expected_tokens must have expected_tokens_shape={self.expected_tokens_shape}, "
                               f"got {pool.shape}")
             if pool.shape[0] < table.max_reqs:
                 raise invalid(f"expected_tokens must have at least the table's {table.max_reqs} rows, "
                               f"got {pool.shape[0]}")
-            valid = array_on("expected_tokens_valid_lens", expected_tokens_valid_lens, "int64", dev, length=bs)
-        swa_loc: ArrayView | None = None
+            valid = batch_array("expected_tokens_valid_lens", expected_tokens_valid_lens, "int64", dev, length=bs)
+        swa_loc: Any = None
         if "swa" in self.group_slots:
             if swa_out_cache_loc is not None:
-                swa_loc = array_on("swa_out_cache_loc", swa_out_cache_loc, "int64", dev, length=n)
+                swa_loc = batch_array("swa_out_cache_loc", swa_out_cache_loc, "int64", dev, length=n)
             elif self._swa_locs is None:
                 raise invalid("step() needs swa_out_cache_loc, or a canary built with max_tokens_per_step to "
                               "translate out_cache_loc through swa.full_to_swa_index_mapping")
         self.state.refresh(phase)
 
-        with stream_context(stream, self.device):
-            if "swa" in self.group_slots and swa_loc is None:
-                assert self._swa_locs is not None
-                swa_loc = view("swa_out_cache_loc", self._swa_locs.translate(out_cache_loc))
-            for group in self.groups:
-                swa = group == "swa"
-                lut = self._lut() if swa else None
-                launches = self._table_step(phase, group, stream)
-                launches.verify(table=table, lut=lut, req_pool_indices=rpi, prefix_lens=prefix,
-                                swa_window_size=self.swa_window if swa else 0, expected_tokens_pool=pool,
-                                expected_tokens_valid_lens=valid, token_offset=self.kv_token_id_vs_position_offset,
-                                check_expected_token=pool is not None,
-                                invalid_rows_total=None if swa else self._invalid_rows_total, stream=stream)
-                group_loc = swa_loc if swa else loc
-                assert group_loc is not None
-                launches.write(table=table, lut=lut, req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend,
-                               input_ids=ids, positions=pos, out_cache_loc=group_loc,
-                               expected_input_tokens=exp_in_tok, expected_input_positions=exp_in_pos, stream=stream)
+        if "swa" in self.group_slots and swa_loc is None:
+            assert self._swa_locs is not None
+            with stream_context(stream, self.device):   # the translation's torch ops go to the launch stream
+                swa_loc = self._swa_locs.translate(out_cache_loc)
+        launch_stream = self._backend.launch_stream(stream, dev)   # looked up once per step
+        offset = self.kv_token_id_vs_position_offset
+        for swa, launches in self._table_step(phase, launch_stream):
+            lut = self._lut() if swa else None
+            launches.verify(table=table, lut=lut, req_pool_indices=rpi, prefix_lens=prefix,
+                            swa_window_size=self.swa_window if swa else 0, expected_tokens_pool=pool,
+                            expected_tokens_valid_lens=valid, token_offset=offset, check_expected_token=pool is not None,
+                            invalid_rows_total=None if swa else self._invalid_rows_total, stream=launch_stream)
+            launches.write(table=table, lut=lut, req_pool_indices=rpi, prefix_lens=prefix, extend_seq_lens=extend,
+                           input_ids=ids, positions=pos, out_cache_loc=swa_loc if swa else loc,
+                           expected_input_tokens=exp_in_tok, expected_input_positions=exp_in_pos, stream=launch_stream)
+        return launch_stream
 
-    def _table_step(self, phase: str, group: str, stream: Any) -> TableStep:
-        """The prepared verify and write launches of (phase, group), rebuilt when the validated contexts changed
-        (a buffer or source replaced: ``state.refresh`` re-validates them into new objects)."""
-        v = self.state.context_views(phase, group, Kernel.VERIFY)
-        w = self.state.context_views(phase, group, Kernel.WRITE)
-        prepared = self._table_steps.get((phase, group))
-        if prepared is None or prepared.verify_contexts is not v or prepared.write_contexts is not w:
-            prepared = self._backend.table_step(device=self._dev, verify_contexts=v, write_contexts=w, stream=stream)
-            self._table_steps[(phase, group)] = prepared
-        return prepared
+    def _table_step(self, phase: str, stream: Any) -> tuple[tuple[bool, TableStep], ...]:
+        """The prepared verify and write launches of ``phase``, per group (``(is the SWA group, launches)``), rebuilt
+        when the contexts were validated again (a buffer or source replaced: ``state.refresh`` re-validates them
+        into new objects and bumps its generation)."""
+        gen = self.state.generation
+        cached = self._table_steps.get(phase)
+        if cached is not None and cached[0] == gen:
+            return cached[1]
+        steps = tuple((group == "swa", self._backend.table_step(
+            device=self._dev, verify_contexts=self.state.context_views(phase, group, Kernel.VERIFY),
+            write_contexts=self.state.context_views(phase, group, Kernel.WRITE), stream=stream))
+            for group in self.groups)
+        self._table_steps[phase] = (gen, steps)
+        return steps
 
     def _table(self, req_to_token: Any, block_table: Any) -> TableViews:
         if (req_to_token is None) == (block_table is None):
@@ -528,12 +533,17 @@ class KVCanary:
                 raise invalid("step(block_table=...) needs a canary built with block_size")
             t = array_on("block_table", block_table, "int32", self._dev, ndim=2)
             return TableViews(req_to_token=None, block_table=t, block_size=self.block_size, pad_row=self.pad_row)
-        t = array_on("req_to_token", req_to_token, "int32", self._dev, ndim=2)
         cached = self._table_views
-        c = cached.req_to_token if cached is not None else None
-        if c is not None and c.obj is t.obj and c.ptr == t.ptr and c.shape == t.shape and c.strides == t.strides:
-            assert cached is not None
-            return cached  # the same table as last step (same object, address, shape and strides)
+        if cached is not None:
+            c = cached.req_to_token
+            assert c is not None
+            # The same tensor as last step, at the same address with the same dtype, shape and strides (the
+            # engine's long-lived table): its checks still hold, so reuse its views (and prepared table words).
+            if (c.obj is req_to_token and type(req_to_token) is torch.Tensor and c.ptr == req_to_token.data_ptr()
+                    and req_to_token.dtype is torch.int32 and c.shape == req_to_token.shape
+                    and c.strides == req_to_token.stride() and req_to_token.get_device() == self._dev.index):
+                return cached
+        t = array_on("req_to_token", req_to_token, "int32", self._dev, ndim=2)
         self._table_views = TableViews(req_to_token=t, block_table=None, block_size=1, pad_row=self.pad_row)
         return self._table_views
 
@@ -619,9 +629,11 @@ class KVCanary:
         if not is_capturing(self.device):
             self._close_step(watchdog=watchdog)
 
-    def _close_step(self, *, watchdog: bool) -> None:
+    def _close_step(self, *, watchdog: bool, stream: Any = None) -> None:
+        """``stream``: the launch stream of the step's kernels (default: the current stream), which the status
+        copy is ordered after."""
         self._step_no += 1
-        snapshots, new = self.collector.end_step(self._step_no)   # may raise CanaryViolationError
+        snapshots, new = self.collector.end_step(self._step_no, stream)   # may raise CanaryViolationError
         self._observe(snapshots, new, watchdog=watchdog)
 
     def _observe(self, snapshots: list[StatusSnapshot], new: list[Violation], *, watchdog: bool = True) -> None:

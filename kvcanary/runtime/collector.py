@@ -12,6 +12,7 @@ CPU exactly as on CUDA.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import numpy as np
 import torch
@@ -62,10 +63,11 @@ class ViolationCollector:
     def staging_bytes(self) -> int:
         return self._stager.nbytes
 
-    def end_step(self, step_no: int) -> tuple[list[StatusSnapshot], list[Violation]]:
-        """Stage this step's status; return the snapshots of earlier steps that landed (oldest first) and the
-        violations they revealed (already reported per the mode; ``"raise"`` raises here)."""
-        self._stager.stage(step_no)
+    def end_step(self, step_no: int, stream: Any = None) -> tuple[list[StatusSnapshot], list[Violation]]:
+        """Stage this step's status (ordered after the work on ``stream``, an object with the raw handle as
+        ``ptr``; default: the current stream); return the snapshots of earlier steps that landed (oldest first)
+        and the violations they revealed (already reported per the mode; ``"raise"`` raises here)."""
+        self._stager.stage(step_no, stream)
         snapshots = []
         for copy in self._stager.take_landed():
             snap = StatusSnapshot(copy.values[0], copy.label)

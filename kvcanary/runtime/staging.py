@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,6 +53,7 @@ class HostStager:
         pin = self.device.type == "cuda"
         self._slots = [[torch.empty(s.shape, dtype=s.dtype, pin_memory=pin) for s in self.sources]
                        for _ in range(depth)]
+        self._host = [[t.numpy() for t in slot] for slot in self._slots]  # NumPy views of the slots, built once
         self._labels = [0] * depth
         self._pending: list[int] = []  # slot indices staged but not yet taken, oldest first
         self._next = 0
@@ -63,8 +65,9 @@ class HostStager:
         """Pinned host bytes held."""
         return sum(t.numel() * t.element_size() for slot in self._slots for t in slot)
 
-    def stage(self, label: int) -> None:
-        """Enqueue a copy of every source, ordered after the work queued so far on the current stream.
+    def stage(self, label: int, stream: Any = None) -> None:
+        """Enqueue a copy of every source, ordered after the work queued so far on ``stream`` (an object with the
+        raw stream handle as ``ptr``; default: torch's current stream).
 
         Must not be called while the current stream is capturing a CUDA graph (the caller checks
         :func:`is_capturing`).
@@ -78,7 +81,7 @@ class HostStager:
             for d, s in zip(self._slots[slot], self.sources):
                 d.copy_(s)
         else:
-            self._cuda.copy(slot)
+            self._cuda.copy(slot, stream)
         self._labels[slot] = label
         self._pending.append(slot)
 
@@ -89,16 +92,15 @@ class HostStager:
         results are one step late on the CPU and on CUDA alike. ``wait=True`` blocks until the copies have
         landed (off the hot path only, e.g. a final flush).
         """
+        pending = self._pending
+        n = len(pending) if include_latest else len(pending) - 1
         out = []
-        candidates = self._pending if include_latest else self._pending[:-1]
-        taken = []
-        for slot in candidates:
+        for slot in pending[:n]:
             if self._cuda is not None and not self._cuda.landed(slot, wait=wait):
                 break  # later copies are ordered after this one on the side stream
-            out.append(StagedCopy(self._labels[slot], [t.numpy().copy() for t in self._slots[slot]]))
-            taken.append(slot)
-        for slot in taken:
-            self._pending.remove(slot)
+            out.append(StagedCopy(self._labels[slot], [a.copy() for a in self._host[slot]]))
+        if out:
+            del pending[:len(out)]
         return out
 
 
@@ -131,13 +133,13 @@ class _CudaCopies:
     def _on_device(self):
         return torch.cuda.device(self.index)
 
-    def copy(self, slot: int) -> None:
+    def copy(self, slot: int, stream: Any = None) -> None:
         rt = self._rt
         prev = rt.getDevice()
         if prev != self.index:
             rt.setDevice(self.index)
         try:
-            caller = self._current_stream(self.index)
+            caller = self._current_stream(self.index) if stream is None else stream.ptr
             rt.eventRecord(self._ready[slot], caller)
             rt.streamWaitEvent(self._side_ptr, self._ready[slot], 0)
             for dst, src, n in self._copies[slot]:

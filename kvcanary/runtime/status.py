@@ -82,7 +82,8 @@ class StatusSnapshot:
     @property
     def write_index(self) -> int:
         """Violations appended so far (the int32 write index, which keeps counting past the ring)."""
-        return int(self.values[StatusLayout.WRITE_INDEX : StatusLayout.WRITE_INDEX + 1].view(np.int32)[0])
+        low = int(self.values[StatusLayout.WRITE_INDEX]) & 0xFFFFFFFF  # the int32 in the word's low half
+        return low - (1 << 32) if low >= 1 << 31 else low
 
     @property
     def invalid_rows(self) -> int:

@@ -271,3 +271,33 @@ def test_every_layer_fingerprinted_sweep_and_tail_on_cuda():
     swept, tailed = every_layer_scenario(DEV)
     assert swept == [(T.SWEEP_V_FULL, 6, F.VERIFY_REAL_KV_HASH_MISMATCH)]
     assert tailed == [(T.TAIL_K_FULL, 2, F.VERIFY_REAL_KV_HASH_MISMATCH)]
+
+
+def test_status_copy_of_a_step_on_another_stream_is_ordered_after_its_kernels():
+    """``step(stream=s)`` with ``s`` not the current stream: the status copy the step stages is ordered after the
+    step's kernels on ``s`` (not after the current stream's work), so the copy shows the step's launches."""
+    from kvcanary.runtime.status import Count, Kernel, StatusSnapshot
+
+    c = kc.KVCanary(num_slots=64, max_batch_size=2, max_tokens_per_step=8, device=DEV, mode="quiet",
+                    watchdog_patience=None)
+    r2t = torch.zeros((2, 8), dtype=torch.int32, device=DEV)
+    r2t[1, :4] = torch.arange(1, 5, dtype=torch.int32, device=DEV)
+
+    def i64(xs):
+        return torch.tensor(xs, dtype=torch.int64, device=DEV)
+
+    batch = dict(req_pool_indices=i64([1]), prefix_lens=i64([0]), extend_seq_lens=i64([4]), req_to_token=r2t,
+                 input_ids=i64([5, 6, 7, 8]), positions=i64([0, 1, 2, 3]), out_cache_loc=i64([1, 2, 3, 4]))
+    s = torch.cuda.Stream(device=DEV)
+    torch.cuda.synchronize(DEV)
+    with torch.cuda.stream(s):
+        torch.cuda._sleep(100_000_000)   # tens of ms: the step's kernels queue behind it on s
+    assert torch.cuda.current_stream(DEV) != s
+    c.step("head", stream=s, **batch)
+    torch.cuda.synchronize(DEV)
+    copies = c.collector._stager.take_landed(include_latest=True)
+    assert [x.label for x in copies] == [1]
+    snap = StatusSnapshot(copies[0].values[0], copies[0].label)
+    for kernel in (Kernel.VERIFY, Kernel.WRITE):
+        assert snap.count(T.HEAD_K_FULL, kernel, Count.LAUNCHES) == 1, kernel
+    assert snap.count(T.HEAD_K_FULL, Kernel.WRITE, Count.SLOTS) == 4

@@ -20,6 +20,7 @@ from kvcanary.ops.cuda import verify_table as VT
 from kvcanary.ops.cuda import write_table as WT
 from kvcanary.ops.launches import VerifyTableLaunch, WriteTableLaunch
 from kvcanary.ops.table_step import RecordTableStep
+from kvcanary.ops.validation import as_view
 
 
 class Captured:
@@ -88,6 +89,9 @@ def step_arguments(swa: bool, expected: bool):
         def table_step(self, *, device, verify_contexts, write_contexts, stream=None):
             return Capture(None, device=device, verify_contexts=verify_contexts, write_contexts=write_contexts)
 
+        def launch_stream(self, stream, device):
+            return None
+
     c._backend = Backend()
     r2t = torch.zeros((4, 16), dtype=torch.int32)
     r2t[1, :6] = t64([1, 2, 3, 4, 5, 6]).to(torch.int32)
@@ -114,14 +118,14 @@ def test_prepared_launches_pack_the_bytes_of_the_record_path(no_cupy, swa, expec
         ctxs = kw.pop("contexts")
         dev = ctxs[0].canary_buf.device
         prepared = TS.CudaTableStep(device=dev, verify_contexts=ctxs, write_contexts=ctxs)
+        getattr(prepared, kind)(**kw)
+        # The record path takes views; the step passes checked tensors (batch_array's fast path) as they are.
+        assert all(type(kw[k]) is torch.Tensor for k in ("req_pool_indices", "prefix_lens"))
+        record = {k: as_view(k, v) if isinstance(v, torch.Tensor) else v for k, v in kw.items() if k != "stream"}
         if kind == "verify":
-            getattr(prepared, kind)(**kw)
-            VT.verify_from_table(VerifyTableLaunch(device=dev, contexts=ctxs, invalid_rows=None, **{
-                k: v for k, v in kw.items() if k != "stream"}))
+            VT.verify_from_table(VerifyTableLaunch(device=dev, contexts=ctxs, invalid_rows=None, **record))
         else:
-            getattr(prepared, kind)(**kw)
-            WT.write_from_table(WriteTableLaunch(device=dev, contexts=ctxs, invalid_rows=None, **{
-                k: v for k, v in kw.items() if k != "stream"}))
+            WT.write_from_table(WriteTableLaunch(device=dev, contexts=ctxs, invalid_rows=None, **record))
         fast, slow = no_cupy.calls[-2], no_cupy.calls[-1]
         assert fast[:3] == slow[:3], (kind, fast[:3], slow[:3])  # same kernel specialization and grid
         assert fast[3] == slow[3], kind                           # the same struct, byte for byte

@@ -544,3 +544,53 @@ def test_dtype_error_class():
 def test_every_message_starts_with_the_prefix():
     cases = PLAN_CASES + CONTEXT_CASES + WRITE_CASES + VERIFY_CASES + SCATTER_CASES
     assert all((isinstance(c[3], str) and c[3].startswith("kv-canary: ")) or callable(c[3]) for c in cases)
+
+
+# The hot path's batch check (KVCanary.step): a torch tensor that passes comes back as itself, anything else
+# goes through array_on; errors are array_on's, word for word.
+BATCH_CASES = [
+    ("good", lambda: torch.arange(6, dtype=torch.int64), {}, None),
+    ("good with length", lambda: torch.arange(6, dtype=torch.int64), {"length": 6}, None),
+    ("good 2-D", lambda: torch.zeros((3, 4), dtype=torch.int32), {"dtype": "int32", "ndim": 2}, None),
+    ("size-1 with an odd stride", lambda: torch.arange(10, dtype=torch.int64)[::7][:1], {}, None),
+    ("wrong dtype", lambda: torch.arange(6, dtype=torch.int32), {}, "int64"),
+    ("wrong rank", lambda: torch.zeros((2, 3), dtype=torch.int64), {}, "1-D"),
+    ("not contiguous", lambda: torch.arange(12, dtype=torch.int64)[::2], {}, "contiguous"),
+    ("wrong length", lambda: torch.arange(6, dtype=torch.int64), {"length": 5}, "length must be 5"),
+    ("a parameter (subclass)", lambda: torch.nn.Parameter(torch.arange(6.0)).detach().long(), {}, None),
+    ("None", lambda: None, {}, "must be an array"),
+]
+
+
+@pytest.mark.parametrize("make, kwargs, message", [c[1:] for c in BATCH_CASES], ids=[c[0] for c in BATCH_CASES])
+def test_batch_array_checks_exactly_what_array_on_checks(make, kwargs, message):
+    from kvcanary.ops.interop import CPU, Device
+
+    dtype, ndim, length = kwargs.get("dtype", "int64"), kwargs.get("ndim", 1), kwargs.get("length")
+    x = make()
+    if message is None:
+        got = validation.batch_array("x", x, dtype, CPU, ndim=ndim, length=length)
+        assert got is x   # a plain tensor that passes is returned as it is: no view built
+        assert validation.as_view("x", got) == validation.array_on("x", x, dtype, CPU, ndim=ndim, length=length)
+        assert got.data_ptr() == x.data_ptr() and tuple(got.shape) == tuple(x.shape)
+        # The same tensor is refused for another device, with array_on's error.
+        with pytest.raises(ValueError, match="must be on cuda:0, got cpu"):
+            validation.batch_array("x", x, dtype, Device("cuda", 0), ndim=ndim, length=length)
+        return
+    with pytest.raises((TypeError, ValueError)) as fast:
+        validation.batch_array("x", x, dtype, CPU, ndim=ndim, length=length)
+    with pytest.raises((TypeError, ValueError)) as full:
+        validation.array_on("x", x, dtype, CPU, ndim=ndim, length=length)
+    assert str(fast.value) == str(full.value) and type(fast.value) is type(full.value)
+    assert message in str(fast.value) and str(fast.value).startswith("kv-canary:")
+
+
+def test_batch_array_takes_other_arrays_through_their_view():
+    import numpy as np
+
+    from kvcanary.ops.interop import CPU, ArrayView
+
+    a = np.arange(5, dtype=np.int64)
+    got = validation.batch_array("x", a, "int64", CPU, length=5)
+    assert isinstance(got, ArrayView) and got.data_ptr() == a.__array_interface__["data"][0] and got.shape == (5,)
+    assert validation.as_view("x", got) is got

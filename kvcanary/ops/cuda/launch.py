@@ -96,6 +96,13 @@ class ArgBuffer:
 
 _tls = threading.local()
 _driver_launch: Any = None  # cupy.cuda.driver.launchKernel, or False when this CuPy lacks it
+_rt: Any = None             # cupy.cuda.runtime, once imported (launches look up the current device through it)
+
+
+def _runtime() -> Any:
+    global _rt
+    _rt = import_cupy().cuda.runtime
+    return _rt
 
 
 def _launch_kernel_fn() -> Any:
@@ -135,11 +142,10 @@ def launch_prepared(fn: Any, grid: int, block: int, buf: ArgBuffer, device_index
     """Launch ``fn`` with the struct packed in ``buf``, on ``stream``, on ``device_index``: ``cuLaunchKernel``
     through CuPy's driver binding (no per-launch NumPy array or argument tuple); CuPy's ``Function.__call__`` with
     the struct's bytes is the fallback for a CuPy without the binding, or a kernel without a raw handle."""
-    cp = import_cupy()
-    if cp.cuda.runtime.getDevice() != device_index:
-        with cp.cuda.Device(device_index):
+    if (_rt or _runtime()).getDevice() != device_index:
+        with import_cupy().cuda.Device(device_index):
             return launch_prepared(fn, grid, block, buf, device_index, stream)
-    drv_launch = _launch_kernel_fn()
+    drv_launch = _driver_launch if _driver_launch is not None else _launch_kernel_fn()
     fptr = getattr(fn, "ptr", None)
     if drv_launch and fptr is not None:
         drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)

@@ -24,10 +24,10 @@ from kvcanary.ops.cuda import params as P
 from kvcanary.ops.cuda.grids import sm_count, verify_table_grid, write_table_grid
 from kvcanary.ops.cuda.launch import (
     ArgBuffer,
+    _RawStream,
     contexts_words,
     folds_real_kv,
     launch_prepared,
-    ptr,
     resolve_stream,
     table_words,
 )
@@ -87,12 +87,14 @@ class CudaTableStep:
             self._table_key = (table, lut)
         return self._table_words
 
-    def verify(self, *, table: TableViews, lut: ArrayView | None, req_pool_indices: ArrayView,
-               prefix_lens: ArrayView, swa_window_size: int, expected_tokens_pool: ArrayView | None,
-               expected_tokens_valid_lens: ArrayView | None, token_offset: int, check_expected_token: bool,
-               invalid_rows_total: ArrayView | None, stream: Any = None) -> None:
+    def _stream(self, stream: Any) -> _RawStream:
+        return stream if type(stream) is _RawStream else resolve_stream(stream, self.device)
+
+    def verify(self, *, table: TableViews, lut: ArrayView | None, req_pool_indices: Any, prefix_lens: Any,
+               swa_window_size: int, expected_tokens_pool: Any, expected_tokens_valid_lens: Any, token_offset: int,
+               check_expected_token: bool, invalid_rows_total: ArrayView | None, stream: Any = None) -> None:
         """``launch_canary_verify_from_table`` of the prepared contexts (SPEC §11); ``invalid_rows_total`` gets the
-        invalid-row count added."""
+        invalid-row count added. Batch arrays: as :class:`~kvcanary.ops.table_step.TableStep` takes them."""
         pool = expected_tokens_pool
         check = check_expected_token and pool is not None
         key = (lut is not None, check)
@@ -104,15 +106,14 @@ class CudaTableStep:
         buf = self._v_buf
         _VERIFY_PACK.pack_into(
             buf.words, 0, *self._table(table, lut),
-            req_pool_indices.ptr, prefix_lens.ptr, 0, ptr(pool), ptr(expected_tokens_valid_lens), 0,
+            req_pool_indices.data_ptr(), prefix_lens.data_ptr(), 0, _addr(pool), _addr(expected_tokens_valid_lens), 0,
             req_pool_indices.shape[0], swa_window_size, pool.shape[1] if pool is not None else 0, token_offset,
-            len(self.verify_contexts), ptr(invalid_rows_total))
-        launch_prepared(fn, self._v_grid.blocks, self._v_grid.threads, buf, dev, resolve_stream(stream, self.device))
+            len(self.verify_contexts), _addr(invalid_rows_total))
+        launch_prepared(fn, self._v_grid.blocks, self._v_grid.threads, buf, dev, self._stream(stream))
 
-    def write(self, *, table: TableViews, lut: ArrayView | None, req_pool_indices: ArrayView, prefix_lens: ArrayView,
-              extend_seq_lens: ArrayView, input_ids: ArrayView, positions: ArrayView, out_cache_loc: ArrayView,
-              expected_input_tokens: ArrayView | None, expected_input_positions: ArrayView | None,
-              stream: Any = None) -> None:
+    def write(self, *, table: TableViews, lut: ArrayView | None, req_pool_indices: Any, prefix_lens: Any,
+              extend_seq_lens: Any, input_ids: Any, positions: Any, out_cache_loc: Any, expected_input_tokens: Any,
+              expected_input_positions: Any, stream: Any = None) -> None:
         """``launch_canary_write_from_table`` of the prepared contexts (SPEC §12); the input assert is on when the
         expected inputs are given."""
         assert_on = expected_input_tokens is not None
@@ -124,8 +125,14 @@ class CudaTableStep:
         buf = self._w_buf
         _WRITE_PACK.pack_into(
             buf.words, 0, *self._table(table, lut),
-            req_pool_indices.ptr, prefix_lens.ptr, extend_seq_lens.ptr, 0, 0, 0, req_pool_indices.shape[0], 0, 0, 0,
-            input_ids.ptr, positions.ptr, out_cache_loc.ptr, ptr(expected_input_tokens),
-            ptr(expected_input_positions), input_ids.shape[0],
+            req_pool_indices.data_ptr(), prefix_lens.data_ptr(), extend_seq_lens.data_ptr(), 0, 0, 0,
+            req_pool_indices.shape[0], 0, 0, 0,
+            input_ids.data_ptr(), positions.data_ptr(), out_cache_loc.data_ptr(), _addr(expected_input_tokens),
+            _addr(expected_input_positions), input_ids.shape[0],
             len(self.write_contexts))
-        launch_prepared(fn, self._w_grid.blocks, self._w_grid.threads, buf, dev, resolve_stream(stream, self.device))
+        launch_prepared(fn, self._w_grid.blocks, self._w_grid.threads, buf, dev, self._stream(stream))
+
+
+def _addr(a: Any) -> int:
+    """The device address of a checked array (a torch tensor or an ArrayView), 0 for an absent one."""
+    return 0 if a is None else a.data_ptr()
