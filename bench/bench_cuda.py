@@ -19,7 +19,9 @@ SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / `
 one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch) and ``gather_floor``
 (not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
 plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
-GPU, measured in the same run).
+GPU, measured in the same run); ``write_floor`` (decode shapes only; not a kvcanary op: a bare kernel doing only the
+three dependent loads a plan-free decode write cannot avoid - row, table entry of the seed, seed record - and the
+record store, no row scan, checks, counters or log: the latency floor of that write on this GPU).
 
 Real-KV: NONE, and PARTIAL with one source of 256-byte rows per buffer (``uint8 [num_slots, 256]``, page size 1).
 Slot layouts (``--layouts``): ``contiguous`` (a request's slots are consecutive) and ``shuffled`` (a random
@@ -92,9 +94,9 @@ BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_
                   "gather_floor": 36, "random_reads": 32}
 PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32, "random_reads": 32}
 ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-           "random_reads")
+           "random_reads", "write_floor")
 DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-               "random_reads")
+               "random_reads", "write_floor")
 VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "random_reads")
 
 # The floor of the plan-free verify's memory traffic on this GPU (not kvcanary ops). gather_floor reads the same
@@ -153,6 +155,33 @@ KVC_BENCH_FLOOR(2)
 KVC_BENCH_FLOOR(4)
 """
 FLOOR_GEOMETRIES = [(u, b) for u in (1, 2, 4) for b in (2, 4, 8)]
+
+# The floor of a plan-free decode write (not a kvcanary op): one thread per row does only the dependent loads such a
+# write cannot avoid (the row's pool index and prefix -> the table entry of position prefix - 1 -> that seed
+# slot's 32-byte record), reads the row's token, position and slot, and stores a 32-byte record; no row scan (it
+# takes token r for row r, as in a decode batch), no checks, no counters, no log. The records go to a scratch
+# buffer. Timed at 32, 64, 128 and 256 threads per block; the fastest is kept.
+WRITE_FLOOR_SRC = r"""
+extern "C" __global__ void kvc_bench_write_floor(const long long* __restrict__ rpi,
+        const long long* __restrict__ prefix, const int* __restrict__ table, long long cols,
+        const long long* __restrict__ ids, const long long* __restrict__ pos, const long long* __restrict__ loc,
+        const ulonglong2* __restrict__ rec, ulonglong2* __restrict__ out, unsigned int bs) {
+    const unsigned int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= bs) return;
+    const long long rp = rpi[r], pf = prefix[r], tok = ids[r], p = pos[r], slot = loc[r];
+    const long long seed = pf > 0 ? (long long)table[rp * cols + pf - 1] : -1;
+    ulonglong2 a = make_ulonglong2(0, 0), b = make_ulonglong2(0, 0);
+    if (seed >= 0) {
+        a = rec[2 * seed];
+        b = rec[2 * seed + 1];
+    }
+    unsigned long long h = (a.x ^ (a.y * 0x9E3779B97F4A7C15ull) ^ b.x) * 0xBF58476D1CE4E5B9ull;
+    h ^= (unsigned long long)tok * 0x94D049BB133111EBull ^ (unsigned long long)p;
+    out[2 * slot] = make_ulonglong2((unsigned long long)tok, (unsigned long long)p);
+    out[2 * slot + 1] = make_ulonglong2(h, b.y);
+}
+"""
+WRITE_FLOOR_THREADS = (32, 64, 128, 256)
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
@@ -391,6 +420,32 @@ class Case:
         if not hasattr(self, key):
             setattr(self, key, self._floor_launcher(with_table, timer))
         return getattr(self, key)
+
+    def write_floor_op(self, timer: Timer):
+        """The fastest block size of the bare decode write (see WRITE_FLOOR_SRC)."""
+        if hasattr(self, "_write_floor"):
+            return self._write_floor
+        import cupy
+
+        fn = cupy.RawModule(code=WRITE_FLOOR_SRC, options=("-std=c++17",)).get_function("kvc_bench_write_floor")
+        scratch = torch.zeros_like(self.canary)
+        args = (cupy.uint64(self.rpi.data_ptr()), cupy.uint64(self.step_prefix.data_ptr()),
+                cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
+                cupy.uint64(self.step_ids.data_ptr()), cupy.uint64(self.step_pos.data_ptr()),
+                cupy.uint64(self.step_loc.data_ptr()), cupy.uint64(self.canary.data_ptr()),
+                cupy.uint64(scratch.data_ptr()), cupy.uint32(self.bs))
+
+        def make(threads: int):
+            def run():
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
+                    fn(((self.bs + threads - 1) // threads,), (threads,), args)
+            run.geometry = f"{threads} threads"  # type: ignore[attr-defined]
+            run.keep = scratch  # type: ignore[attr-defined]
+            return run
+
+        best = min((timer.eager(make(t), runs=10, warmup=2), t) for t in WRITE_FLOOR_THREADS)
+        self._write_floor = make(best[1])
+        return self._write_floor
 
     def verify_table_kv(self):
         self.verify_table(contexts=(self.ctx, self.ctx_v))
@@ -644,6 +699,8 @@ def main(argv=None) -> int:
                              case.bs * case.prefix),
             "random_reads": (case.floor_op(False, timer) if "random_reads" in wanted_ops and case.prefix else None,
                              case.bs * case.prefix),
+            "write_floor": (case.write_floor_op(timer) if "write_floor" in wanted_ops and case.extend == 1 else None,
+                            case.bs),
             "scatter": (case.scatter, case.bs * case.L),
         }
         for op, (fn, units) in ops.items():
