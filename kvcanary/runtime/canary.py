@@ -478,7 +478,7 @@ class KVCanary:
             pool = batch_array("expected_tokens", expected_tokens, "int32", dev, ndim=2)
             if self.expected_tokens_shape is not None and pool.shape != self.expected_tokens_shape:
                 raise invalid(f"expected_tokens must have expected_tokens_shape={self.expected_tokens_shape}, "
-                              f"got {pool.shape}")
+                              f"got {tuple(pool.shape)}")
             if pool.shape[0] < table.max_reqs:
                 raise invalid(f"expected_tokens must have at least the table's {table.max_reqs} rows, "
                               f"got {pool.shape[0]}")

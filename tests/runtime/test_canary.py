@@ -392,6 +392,18 @@ def test_write_input_assert_catches_swapped_tokens_in_the_same_step():
      "kv-canary: input_ids has 17 tokens, more than max_tokens_per_step=16"),
     (dict(req_to_token=torch.zeros((4, 32), dtype=torch.int64)), kc.KvCanaryDTypeError,
      "kv-canary: req_to_token must have dtype int32, got int64"),
+    # The batch arrays (checked on every call, fast path or not).
+    (dict(input_ids=torch.tensor([18], dtype=torch.int32)), kc.KvCanaryDTypeError,
+     "kv-canary: input_ids must have dtype int64, got int32"),
+    (dict(req_pool_indices=t64([1, 0, 2, 0])[::2], prefix_lens=t64([6, 4]), extend_seq_lens=t64([1, 0])), ValueError,
+     "kv-canary: req_pool_indices must be contiguous"),
+    (dict(prefix_lens=t64([6, 0])), ValueError, "kv-canary: prefix_lens length must be 1, got 2"),
+    (dict(out_cache_loc=t64([[7]])), ValueError, "kv-canary: out_cache_loc must be 1-D, got shape (1, 1)"),
+    (dict(positions=t64([6, 7])), ValueError, "kv-canary: positions length must be 1, got 2"),
+    (dict(req_pool_indices=t64([1] * 5), prefix_lens=t64([6] * 5), extend_seq_lens=t64([1] + [0] * 4)), ValueError,
+     "kv-canary: batch size 5 exceeds max_batch_size=4"),
+    (dict(extend_seq_lens=torch.ones(1, dtype=torch.int64, device="meta")), ValueError,
+     "kv-canary: extend_seq_lens is on device meta, which kvcanary does not support (cpu or cuda only)"),
 ])
 def test_step_argument_errors_write_nothing(change, exc, message):
     e = prefilled()
@@ -487,3 +499,29 @@ def test_invalid_rows_are_summed_over_steps_once_per_verify_of_the_full_group(sw
         e.commit({1: [30 + i]})
     assert e.c.poll(sync=True) == []
     assert e.c.health().invalid_rows == 2 * steps * bad_rows
+
+
+def test_a_table_changed_in_place_between_steps_is_checked_again():
+    """The step reuses the last table's checks only while it is the same tensor at the same address with the same
+    dtype, shape and strides; the same object re-pointed (set_) or resized is checked again (and refused when it
+    became invalid), never launched stale."""
+    e = prefilled()
+    e.step({1: [17]})
+    args = e.batch({1: [18]})
+    table = args["req_to_token"]
+    old_views = e.c._table_views
+    # Same object, new storage (a copy at another address): accepted, new views.
+    table.set_(table.clone())
+    e.c.step("head", **args)
+    e.forward(args)
+    e.c.step("tail", **args)
+    e.commit({1: [18]})
+    assert e.c._table_views is not old_views and e.c._table_views.req_to_token.ptr == table.data_ptr()
+    assert e.c.poll(sync=True) == []
+    # Same object, now a non-contiguous view of its storage: refused, nothing written.
+    before = [b.clone() for b in e.c.buffers.values()]
+    args = e.batch({1: [19]})
+    table.set_(table.untyped_storage(), 0, (4, 16), (32, 2))
+    with pytest.raises(ValueError, match="kv-canary: req_to_token must be contiguous"):
+        e.c.step("head", **args)
+    assert all(torch.equal(a, b) for a, b in zip(before, e.c.buffers.values()))
