@@ -9,9 +9,10 @@ Usage (on a CUDA machine, from the repository root)::
 
 ``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxB`` sets ``U`` entries per thread per step
 and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``).
-``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxS`` sets ``T`` threads per block, ``B``
-blocks per SM, ``R`` rows per thread of the row scan and ``S`` (1: stamp counts summed per block, 0: per warp)
-(``KVC_WT_THREADS``, ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
+blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
+``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
+``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
 defines, and the launchers read the grid from the same copy, so a variant is what the library would run.
 
 Per variant and case: the eager time (L2 flushed, median) and, for write_table, the time in a CUDA graph (the
@@ -48,8 +49,9 @@ KERNELS = {
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
-                    [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",)],
-                    "shipped,256x1x4x0,256x1x4x1,128x2x4x1,128x1x4x1,512x1x2x1", "write_table",
+                    [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
+                     ("KVC_WT_SPREAD",)],
+                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1", "write_table",
                     lambda kv: dict(input_assert=False, has_real_kv=kv)),
 }
 _original: list[Path] = []
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph" if is_write else "eager"
-    head = ("entries/thread x blocks/SM" if not is_write else "threads x blocks/SM x rows/thread x block stamps")
+    head = ("entries/thread x blocks/SM" if not is_write else "threads x blocks/SM x rows/thread x block stamps x spread")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",
              f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)

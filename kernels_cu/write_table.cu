@@ -40,6 +40,9 @@
 #define KVC_WT_ROW_ITEMS 4  // at most this many rows per thread per tile of the row scan
 // 1: the stamped-slot counts are summed per block (one atomic per block and context); 0: per warp.
 #define KVC_WT_BLOCK_STAMPS 0
+// Which warp writes short request r: 1: block r mod G, its warp (r / G) mod W (a decode batch spread over every
+// SM); 0: warp r mod (G * W) of the grid in block order (the first blocks' warps first).
+#define KVC_WT_SPREAD 0
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -94,7 +97,11 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int nctx = (int)p.num_contexts;
     const kvc_i64 blocks = gridDim.x, block = blockIdx.x;
+#if KVC_WT_SPREAD
+    const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = (kvc_i64)warp * blocks + block;
+#else
     const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = block * kvc::kWtWarps + warp;
+#endif
 
     if (block == 0 && tid == 0) {
 #pragma unroll
@@ -139,10 +146,15 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
                 const bool active = valid && rp[j] != t.pad_row;
                 invalid += valid ? 0 : 1;
                 len[j] = kvc_write_len(active, extend[j]);
-                kvc_i64 q, by_warp, by_block;
-                kvc_divmod(r, warps, q, by_warp);
+                kvc_i64 q, by_block;
                 kvc_divmod(r, blocks, q, by_block);
+#if KVC_WT_SPREAD
+                const bool mine = by_block == block;  // both paths give row r to block r mod G
+#else
+                kvc_i64 by_warp;
+                kvc_divmod(r, warps, q, by_warp);
                 const bool mine = by_warp / kvc::kWtWarps == block || by_block == block;
+#endif
                 if (mine && kvc_has_seed(active, prefix[j], len[j]))
                     seed[j] = kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1));
             }
