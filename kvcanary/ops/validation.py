@@ -270,6 +270,21 @@ def context_views(context: Any, *, name: str = "context", max_sources: int | Non
 _UNCACHEABLE = object()
 
 
+def _same_signature(sig: tuple, arrays: tuple) -> bool:
+    """Whether ``arrays`` still have the signatures ``sig`` (of :func:`tensor_signature`), compared array by
+    array without building new tuples (the SGLang-named ops check a context's and a plan's on every call)."""
+    if len(sig) != len(arrays):
+        return False
+    for s, a in zip(sig, arrays):
+        if a is None:
+            if s != ():
+                return False
+        elif (type(a) is not _TENSOR_TYPE or not s or a.data_ptr() != s[0] or a.shape != s[1]
+              or a.stride() != s[2]):
+            return False
+    return True
+
+
 def tensor_signature(x: Any) -> Any:
     """What a validated view of ``x`` depends on that can change in place: a torch tensor's address, shape and
     strides (its dtype and device cannot change); ``()`` for an absent optional array; a marker that disables
@@ -297,11 +312,11 @@ class ValidatedCache:
 
     def get(self, obj: Any, arrays: tuple, build: Any, name: str = "") -> Any:
         """The views ``build()`` returns for ``obj`` (validated under ``name``, which their messages use)."""
-        sig = tuple(tensor_signature(a) for a in arrays)
         key = (id(obj), name)
         entry = self._entries.get(key)
-        if entry is not None and entry[0] is obj and entry[1] == sig:
+        if entry is not None and entry[0] is obj and _same_signature(entry[1], arrays):
             return entry[2]
+        sig = tuple(tensor_signature(a) for a in arrays)
         views = build()
         if _UNCACHEABLE not in sig:
             if len(self._entries) >= self.capacity:
