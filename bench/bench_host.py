@@ -7,6 +7,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python3 bench/bench_host.py --device cpu    # the CPU reference backend only
     PYTHONPATH=. python3 bench/bench_host.py --null-backend  # Python cost only: every launch is a no-op
     PYTHONPATH=. python3 bench/bench_host.py --breakdown     # also: the cost of each primitive a step is made of
+    PYTHONPATH=. python3 bench/bench_host.py --chunk 4       # a device sync every 4 steps (GPU never behind)
 
 Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positions, one new token each):
 
@@ -150,13 +151,15 @@ class Engine:
             torch.cuda.synchronize(self.device)
 
 
-def time_steps(e: Engine, steps: int) -> tuple[list[float], float | None]:
-    """Host µs of each step() call (HEAD and TAIL alike), and the GPU µs per step on CUDA."""
+def time_steps(e: Engine, steps: int, chunk: int = 50) -> tuple[list[float], float | None]:
+    """Host µs of each step() call (HEAD and TAIL alike), and the GPU µs per step on CUDA.
+
+    Steps run in chunks of ``chunk`` with a device sync (not timed) after each, so the host is never more than a
+    chunk ahead of the GPU: a small chunk keeps a GPU that is slower than the host from holding launches back."""
     c, b = e.canary, e.batch
     host: list[float] = []
     e.sync()
     gpu_us = None
-    chunk = 50
     done = 0
     spans = []
     while done < steps:
@@ -165,7 +168,7 @@ def time_steps(e: Engine, steps: int) -> tuple[list[float], float | None]:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
         for i in range(n):
-            phase = "head" if i % 2 == 0 else "tail"
+            phase = "head" if (done + i) % 2 == 0 else "tail"
             t0 = time.perf_counter()
             c.step(phase, **b)
             host.append((time.perf_counter() - t0) * 1e6)
@@ -288,6 +291,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default=None)
     ap.add_argument("--steps", type=int, default=400, help="timed step() calls per case (CPU backend: 10)")
     ap.add_argument("--null-backend", action="store_true", help="launches do nothing (Python cost only)")
+    ap.add_argument("--chunk", type=int, default=50,
+                    help="steps between device syncs (small: the host never runs far ahead of the GPU)")
     ap.add_argument("--bs", type=int, default=BS)
     ap.add_argument("--prefix", type=int, default=PREFIX)
     ap.add_argument("--breakdown", action="store_true",
@@ -313,16 +318,16 @@ def main(argv=None) -> int:
         if args.null_backend:
             with null_backend(dev.type):
                 use_backend(e.canary)
-                host, gpu = time_steps(e, steps)
+                host, gpu = time_steps(e, steps, args.chunk)
         else:
-            host, gpu = time_steps(e, steps)
+            host, gpu = time_steps(e, steps, args.chunk)
         if args.profile and not swa:
             profile_text = profile_steps(e, 200)
         if args.breakdown and not swa and dev.type == "cuda" and not args.null_backend:
             parts = breakdown(e)
             with null_backend(dev.type):
                 use_backend(e.canary)
-                null_host, _ = time_steps(e, steps)
+                null_host, _ = time_steps(e, steps, args.chunk)
             use_backend(e.canary)
             parts.insert(0, ("step K+V FULL with a null backend (Python only, this device)",
                              statistics.median(null_host), "per step"))
