@@ -280,24 +280,25 @@ def _same_signature(sig: tuple, arrays: tuple) -> bool:
             if s != ():
                 return False
         elif (type(a) is not _TENSOR_TYPE or not s or a.data_ptr() != s[0] or a.shape != s[1]
-              or a.stride() != s[2]):
+              or a.stride() != s[2] or a.dtype is not s[3] or a.get_device() != s[4]):
             return False
     return True
 
 
 def tensor_signature(x: Any) -> Any:
-    """What a validated view of ``x`` depends on that can change in place: a torch tensor's address, shape and
-    strides (its dtype and device cannot change); ``()`` for an absent optional array; a marker that disables
-    caching for anything else."""
+    """What a validated view of ``x`` depends on that can change in place: a torch tensor's address, shape,
+    strides, dtype and device index (``set_``, ``resize_`` and ``.data =`` change them); ``()`` for an absent
+    optional array; a marker that disables caching for anything else."""
     if x is None:
         return ()
     if type(x).__name__ != "Tensor":
         return _UNCACHEABLE
-    return (x.data_ptr(), x.shape, x.stride())
+    return (x.data_ptr(), x.shape, x.stride(), x.dtype, x.get_device())
 
 
 class ValidatedCache:
-    """Validated views of long-lived objects (contexts, plans), reused while nothing under them changed.
+    """Validated views of long-lived objects (contexts, plans, a canary's tables), reused while nothing under them
+    changed.
 
     The SGLang-named ops receive the same context and plan objects every step; re-deriving their views is most
     of an op's host time. An entry is reused only for the *same* object (kept alive by the entry, so its id is

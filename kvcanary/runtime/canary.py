@@ -51,7 +51,7 @@ from kvcanary.ops.interop import ArrayView, Device, view
 from kvcanary.ops.launches import TableViews, VerifyLaunch
 from kvcanary.ops.structs import RealKvSource, VerifyPlan
 from kvcanary.ops.table_step import TableStep
-from kvcanary.ops.validation import array, array_on, batch_array, verify_plan_views
+from kvcanary.ops.validation import ValidatedCache, array, array_on, batch_array, verify_plan_views
 from kvcanary.runtime.buffers import CanaryState
 from kvcanary.runtime.collector import ViolationCollector, check_mode
 from kvcanary.runtime.config import DEFAULT_WATCHDOG_PATIENCE, CanaryConfig
@@ -197,7 +197,6 @@ class KVCanary:
         sources = {("k", "full"): k_sources, ("v", "full"): v_sources}
         self.swa = swa
         self.swa_window = 0
-        self._swa_lut: ArrayView | None = None
         self._swa_locs: SwaLocations | None = None
         if swa is not None:
             group_slots["swa"] = check_capacity("swa.num_slots", swa.num_slots)
@@ -233,7 +232,9 @@ class KVCanary:
         self._step_no = 0                  # end_step() calls: the step number violations are attributed to
         self._calls = {"head": 0, "tail": 0, "sweep": 0}
         self._last_sweep_head = 0          # HEAD steps at the last sweep (for sweep_due)
-        self._table_views: TableViews | None = None   # the last req_to_token's views, reused while unchanged
+        # The views of the tables and LUT the engine passes step after step, reused while unchanged (same tensor,
+        # address, shape, strides, dtype and device).
+        self._long_lived = ValidatedCache(capacity=8)
 
         self.sweep_interval = None if sweep_interval is None else check_capacity("sweep_interval", sweep_interval)
         self.sweep_groups = tuple(sweep_groups)
@@ -531,29 +532,19 @@ class KVCanary:
         if block_table is not None:
             if self.block_size is None:
                 raise invalid("step(block_table=...) needs a canary built with block_size")
-            t = array_on("block_table", block_table, "int32", self._dev, ndim=2)
-            return TableViews(req_to_token=None, block_table=t, block_size=self.block_size, pad_row=self.pad_row)
-        cached = self._table_views
-        if cached is not None:
-            c = cached.req_to_token
-            assert c is not None
-            # The same tensor as last step, at the same address with the same dtype, shape and strides (the
-            # engine's long-lived table): its checks still hold, so reuse its views (and prepared table words).
-            if (c.obj is req_to_token and type(req_to_token) is torch.Tensor and c.ptr == req_to_token.data_ptr()
-                    and req_to_token.dtype is torch.int32 and c.shape == req_to_token.shape
-                    and c.strides == req_to_token.stride() and req_to_token.get_device() == self._dev.index):
-                return cached
-        t = array_on("req_to_token", req_to_token, "int32", self._dev, ndim=2)
-        self._table_views = TableViews(req_to_token=t, block_table=None, block_size=1, pad_row=self.pad_row)
-        return self._table_views
+            block_size = self.block_size
+            return self._long_lived.get(block_table, (block_table,), lambda: TableViews(
+                req_to_token=None, block_table=array_on("block_table", block_table, "int32", self._dev, ndim=2),
+                block_size=block_size, pad_row=self.pad_row), "block_table")
+        return self._long_lived.get(req_to_token, (req_to_token,), lambda: TableViews(
+            req_to_token=array_on("req_to_token", req_to_token, "int32", self._dev, ndim=2), block_table=None,
+            block_size=1, pad_row=self.pad_row), "req_to_token")
 
     def _lut(self) -> ArrayView:
         assert self.swa is not None
         lut = self.swa.full_to_swa_index_mapping
-        v = self._swa_lut
-        if v is None or v.obj is not lut or v.ptr != lut.data_ptr() or v.shape != tuple(lut.shape):
-            v = self._swa_lut = array_on("swa.full_to_swa_index_mapping", lut, "int64", self._dev)
-        return v
+        return self._long_lived.get(lut, (lut,), lambda: array_on("swa.full_to_swa_index_mapping", lut, "int64",
+                                                                   self._dev), "lut")
 
     def sweep_due(self) -> bool:
         """Whether a sweep is due under ``sweep_interval`` (engine steps = HEAD steps since the last sweep)."""

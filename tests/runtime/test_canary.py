@@ -509,15 +509,25 @@ def test_a_table_changed_in_place_between_steps_is_checked_again():
     e.step({1: [17]})
     args = e.batch({1: [18]})
     table = args["req_to_token"]
-    old_views = e.c._table_views
+    old_views = e.c._table(table, None)
+    assert e.c._table(table, None) is old_views   # unchanged: the same views
     # Same object, new storage (a copy at another address): accepted, new views.
     table.set_(table.clone())
     e.c.step("head", **args)
     e.forward(args)
     e.c.step("tail", **args)
     e.commit({1: [18]})
-    assert e.c._table_views is not old_views and e.c._table_views.req_to_token.ptr == table.data_ptr()
+    new_views = e.c._table(table, None)
+    assert new_views is not old_views and new_views.req_to_token.ptr == table.data_ptr()
     assert e.c.poll(sync=True) == []
+    # Same object, another dtype under it (.data =): checked again and refused.
+    with pytest.raises(kc.KvCanaryDTypeError, match="kv-canary: req_to_token must have dtype int32, got int64"):
+        saved = table.data
+        table.data = saved.to(torch.int64)
+        try:
+            e.c._table(table, None)
+        finally:
+            table.data = saved
     # Same object, now a non-contiguous view of its storage: refused, nothing written.
     before = [b.clone() for b in e.c.buffers.values()]
     args = e.batch({1: [19]})
