@@ -113,16 +113,15 @@ class _CudaCopies:
     """
 
     def __init__(self, device: torch.device, sources: list[torch.Tensor], slots: list[list[torch.Tensor]]):
-        from kvcanary.ops.interop import import_cupy  # CUDA only
+        from kvcanary.ops.interop import Device, import_cupy, stream_handle  # CUDA only
 
         self._rt = import_cupy().cuda.runtime
         self.device = device
         self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._side = torch.cuda.Stream(device=device)
         self._side_ptr = int(self._side.cuda_stream)
-        # The caller's raw stream handle without building a torch.cuda.Stream object (this runs every step).
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self._current_stream = raw if raw is not None else (lambda i: torch.cuda.current_stream(i).cuda_stream)
+        self._device = Device("cuda", self.index)
+        self._stream_handle = stream_handle
         self._copies = [[(int(d.data_ptr()), int(s.data_ptr()), s.numel() * s.element_size())
                          for d, s in zip(slot, sources)] for slot in slots]
         with self._on_device():
@@ -139,7 +138,7 @@ class _CudaCopies:
         if prev != self.index:
             rt.setDevice(self.index)
         try:
-            caller = self._current_stream(self.index) if stream is None else stream.ptr
+            caller = self._stream_handle(None, self._device) if stream is None else stream.ptr
             rt.eventRecord(self._ready[slot], caller)
             rt.streamWaitEvent(self._side_ptr, self._ready[slot], 0)
             for dst, src, n in self._copies[slot]:

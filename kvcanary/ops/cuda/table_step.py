@@ -1,7 +1,7 @@
 """A canary step's plan-free launches on CUDA with their arguments packed once: the hot path of ``KVCanary.step``.
 
-CPU twin: :class:`kvcanary.ops.table_step.CpuTableStep` (which builds the launch records of SPEC §11 and §12 and
-runs the reference). Both take the same per-call arguments, already validated by the caller (``KVCanary``
+CPU twin: :class:`kvcanary.ops.table_step.RecordTableStep` (the CPU backend's: it builds the launch records of
+SPEC §11 and §12 and runs the reference). Both take the same per-call arguments, already validated by the caller (``KVCanary``
 checks every batch array on every call; the contexts were validated once, when the canary was built or its
 buffers changed).
 
