@@ -8,6 +8,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python3 bench/bench_host.py --null-backend  # Python cost only: every launch is a no-op
     PYTHONPATH=. python3 bench/bench_host.py --breakdown     # also: the cost of each primitive a step is made of
     PYTHONPATH=. python3 bench/bench_host.py --chunk 4       # a device sync every 4 steps (GPU never behind)
+    PYTHONPATH=. python3 bench/bench_host.py --attribute     # real steps, the time inside each CUDA call
 
 Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positions, one new token each):
 
@@ -282,6 +283,73 @@ def breakdown(e: Engine) -> list[tuple[str, float, str]]:
     return rows
 
 
+class _Timed:
+    """``fn`` with its calls counted and timed (perf_counter_ns around each)."""
+
+    def __init__(self, fn):
+        self.fn, self.calls, self.ns = fn, 0, 0
+
+    def __call__(self, *args):
+        t0 = time.perf_counter_ns()
+        try:
+            return self.fn(*args)
+        finally:
+            self.ns += time.perf_counter_ns() - t0
+            self.calls += 1
+
+
+class _TimedModule:
+    """An attribute proxy of CuPy's runtime module whose functions are :class:`_Timed` (one per name)."""
+
+    def __init__(self, mod, timers: dict):
+        self._mod, self._timers = mod, timers
+
+    def __getattr__(self, name):
+        v = getattr(self._mod, name)
+        if not callable(v):
+            return v
+        t = self._timers.get(name)
+        if t is None:
+            t = self._timers[name] = _Timed(v)
+        return t
+
+
+def attribute(e: Engine, steps: int, chunk: int) -> list[tuple[str, float, str]]:
+    """Real steps (the CUDA backend, HEAD and TAIL alternating), with every CUDA call a step makes timed where it is
+    made: ``cuLaunchKernel`` (the prepared launches) and each CUDA runtime call (the device check before a launch,
+    the status copy's event, wait, copy and query). Returns per step: the whole step, the time inside each of them
+    (µs and calls), and the rest (Python), less the timing wrappers' own cost measured alone."""
+    from kvcanary.ops.cuda import launch as L
+
+    timers: dict[str, _Timed] = {}
+    launch_t = _Timed(L._driver_launch or L._launch_kernel_fn())
+    cuda_copies = e.canary.collector._stager._cuda
+    saved = (L._driver_launch, L._rt, cuda_copies._rt)
+    L._driver_launch = launch_t
+    L._rt = _TimedModule(saved[1] or L._runtime(), timers)
+    cuda_copies._rt = _TimedModule(saved[2], timers)
+    try:
+        for t in [launch_t, *timers.values()]:
+            t.calls = t.ns = 0
+        host, _ = time_steps(e, steps, chunk)
+        n = len(host)
+        total = statistics.mean(host)
+        per = [("cuLaunchKernel (CuPy's driver binding)", launch_t.ns / 1e3 / n, launch_t.calls / n)]
+        per += [(f"cudaRuntime.{name}", t.ns / 1e3 / n, t.calls / n) for name, t in sorted(timers.items()) if t.calls]
+    finally:
+        L._driver_launch, L._rt, cuda_copies._rt = saved
+    wrapped_calls = sum(c for _, _, c in per)
+    noop = _Timed(lambda: None)
+    wrapper_us = _per_call_us(noop) - _per_call_us(lambda: None)
+    inside = sum(us for _, us, _ in per)
+    rows = [("whole step (mean, with the timing wrappers)", total, "1")]
+    rows += [(name, us, f"{calls:g}") for name, us, calls in per]
+    rows += [("the timing wrappers' own cost (measured alone)", wrapped_calls * wrapper_us, f"{wrapped_calls:g}"),
+             ("the rest: Python (checks, packing, bookkeeping, staging's host copy)",
+              total - inside - wrapped_calls * wrapper_us, "-")]
+    return rows
+
+
 def p90(xs: list[float]) -> float:
     return sorted(xs)[int(0.9 * (len(xs) - 1))]
 
@@ -298,6 +366,9 @@ def main(argv=None) -> int:
     ap.add_argument("--breakdown", action="store_true",
                     help="CUDA: also time each primitive of a step alone (launch, add_, staging, checks) and the "
                          "step with a null backend in the same process")
+    ap.add_argument("--attribute", action="store_true",
+                    help="CUDA: also time real K+V FULL steps with every CUDA call timed where it is made (µs inside "
+                         "cuLaunchKernel and each runtime call, and the Python rest)")
     ap.add_argument("--profile", action="store_true",
                     help="also profile 200 K+V FULL steps with cProfile: the host time call by call")
     args = ap.parse_args(argv)
@@ -308,6 +379,7 @@ def main(argv=None) -> int:
     steps = args.steps if (dev.type == "cuda" or args.null_backend) else min(args.steps, 10)
     profile_text = ""
     parts: list[tuple[str, float, str]] = []
+    attributed: list[tuple[str, float, str]] = []
     what = f"{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else "CPU"
     rows = []
     for label, swa in (("step K+V FULL", False), ("step K+V FULL+SWA", True)):
@@ -323,6 +395,8 @@ def main(argv=None) -> int:
             host, gpu = time_steps(e, steps, args.chunk)
         if args.profile and not swa:
             profile_text = profile_steps(e, 200)
+        if args.attribute and not swa and dev.type == "cuda" and not args.null_backend:
+            attributed = attribute(e, steps, args.chunk)
         if args.breakdown and not swa and dev.type == "cuda" and not args.null_backend:
             parts = breakdown(e)
             with null_backend(dev.type):
@@ -359,6 +433,10 @@ def main(argv=None) -> int:
         lines += ["", "Host cost of the primitives of one step, each timed alone (median µs per call):", "",
                   "| primitive | µs per call | calls |", "|---|---|---|"]
         lines += [f"| {name} | {us:.2f} | {n} |" for name, us, n in parts]
+    if attributed:
+        lines += ["", "Where a real step's host time goes (K+V FULL, CUDA calls timed where they are made; µs per step, "
+                  "mean):", "", "| part | µs per step | calls per step |", "|---|---|---|"]
+        lines += [f"| {name} | {us:.2f} | {n} |" for name, us, n in attributed]
     text = "\n".join(lines)
     print(text)
     out = os.environ.get("OUT")

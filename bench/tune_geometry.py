@@ -52,7 +52,7 @@ KERNELS = {
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
                      ("KVC_WT_SPREAD",)],
                     "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1", "write_table",
-                    lambda kv: dict(input_assert=False, has_real_kv=kv)),
+                    lambda kv: dict(input_assert=False, has_real_kv=kv, contexts=1)),
 }
 _original: list[Path] = []
 

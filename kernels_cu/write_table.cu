@@ -2,9 +2,11 @@
 // launcher: kvcanary/ops/cuda/write_table.py.
 //
 // Specializations: KVC_INPUT_ASSERT, KVC_HAS_REAL_KV (some context folds real KV, from its device descriptor
-// table of any number of sources). One parameter: KvcWriteTableParams, with 1 to kvc::kMaxContexts contexts that
-// share the table and the tokens (K and V of a group); each context has its own canary buffer, so its own
-// seed record and chain.
+// table of any number of sources), KVC_CONTEXTS (1, 2 or 4: the most contexts a launch passes; the per-context
+// loops are unrolled that far, so a one-buffer or K/V launch does not carry four contexts' code: on an H200, A
+// decode in a graph 5.2 -> 4.7 us for one context). One parameter: KvcWriteTableParams, with 1 to KVC_CONTEXTS
+// contexts that share the table and the tokens (K and V of a group); each context has its own canary buffer, so
+// its own seed record and chain.
 //
 // §5's write metadata is computed in the kernel, with no plan and no scratch: every block walks the rows in
 // tiles of items * KVC_WT_THREADS rows (each thread `items` consecutive rows, 1 .. kvc::kWtRowItems, as few as
@@ -35,6 +37,10 @@
 #ifndef KVC_HAS_REAL_KV
 #error "KVC_HAS_REAL_KV must be defined (0 or 1)"
 #endif
+#ifndef KVC_CONTEXTS
+#error "KVC_CONTEXTS must be defined (1, 2 or 4)"
+#endif
+static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts per launch");
 
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines).
 #define KVC_WT_THREADS 256
@@ -86,7 +92,7 @@ __device__ __forceinline__ kvc_i64 kvc_first_congruent(kvc_i64 base, kvc_i64 m, 
 
 extern "C" __global__ void __launch_bounds__(KVC_WT_THREADS, KVC_WT_BLOCKS_PER_SM)
 kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
-    constexpr int NC = kvc::kMaxContexts;
+    constexpr int NC = KVC_CONTEXTS;  // the launcher never passes more (specs.contexts_spec)
     __shared__ KvcWriteSmem<NC, kvc::kWtTile> sm;
     __shared__ kvc_i64 s_start[kvc::kWtRows + 1];  // tile-local exclusive token offsets of the rows
     __shared__ kvc_i64 s_seed[kvc::kWtRows];       // seeds of the rows this block writes

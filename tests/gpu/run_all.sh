@@ -15,7 +15,8 @@
 #                 kernels_cu/: today plan, write, verify_table, write_table; GPU test names carry the family
 #                 name), under compute-sanitizer --tool racecheck
 # 4. bench      - bench/bench_cuda.py (writes $OUT/bench.md)
-# 5. host       - bench/bench_host.py: host time of a KVCanary step and of one SGLang-named op call
+# 5. host       - bench/bench_host.py: host time of a KVCanary step (call by call: --profile, --breakdown,
+#                 --attribute) and of one SGLang-named op call
 #                 (writes $OUT/bench_host.md)
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
@@ -225,7 +226,7 @@ fi
 
 # ---- 5. host time of the hot path
 if has_part host; then
-    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py --profile --breakdown
+    OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py --profile --breakdown --attribute
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("host|$(result_word $rc)|$PART_SECONDS|-")

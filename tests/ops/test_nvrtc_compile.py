@@ -211,6 +211,21 @@ def test_specs_are_listed_and_distinct():
     assert not any(o.startswith(("-arch", "--gpu-architecture", "-gencode")) for o in opts), opts
 
 
+def test_write_table_is_compiled_per_context_count():
+    # A launch of n contexts runs the smallest module compiled for at least n: 1 -> 1, 2 -> 2, 3 and 4 -> 4.
+    assert [kspecs.contexts_spec(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    with pytest.raises(ValueError, match="at most 4 contexts, got 5"):
+        kspecs.contexts_spec(5)
+    wt = [s for s in _ALL_SPECS if s.family == "write_table"]
+    assert sorted({dict(s.defines)["KVC_CONTEXTS"] for s in wt}) == ["1", "2", "4"]
+    assert len(wt) == 2 * 2 * 3  # input_assert x has_real_kv x contexts
+    src = kspecs.spec_for("write_table", input_assert=True, has_real_kv=False, contexts=2).source()
+    assert "#define KVC_CONTEXTS 2\n" in src and "#define KVC_INPUT_ASSERT 1\n" in src
+    for bad in (3, True, 0):
+        with pytest.raises(ValueError, match="contexts must be one of"):
+            kspecs.spec_for("write_table", input_assert=False, has_real_kv=False, contexts=bad)
+
+
 @pytest.mark.parametrize("arch", ARCHS, ids=lambda a: f"sm_{a}")
 @pytest.mark.parametrize("spec", _ALL_SPECS, ids=lambda s: str(s.key))
 def test_spec_compiles_clean(nvrtc, spec, arch):

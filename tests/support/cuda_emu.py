@@ -186,7 +186,7 @@ def emulated_cuda(monkeypatch: Any, sms: int = 1):
         monkeypatch.setattr(importlib.import_module(f"kvcanary.ops.{mod}"), "backend_for", backend_for)
     functions: dict[tuple, EmuFunction] = {}
 
-    def function(device_index: int, family: str, name: str, *flags: bool) -> Any:
+    def function(device_index: int, family: str, name: str, *flags: bool | int) -> Any:
         key = (family, name, flags)
         if key not in functions:
             spec = specs.spec_for(family, **dict(zip(specs.family_flags(family), flags)))

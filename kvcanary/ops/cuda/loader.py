@@ -49,10 +49,10 @@ def kernel(spec: KernelSpec, name: str, device_index: int) -> Any:
     return k
 
 
-_functions: dict[tuple[int, str, str, tuple[bool, ...]], Any] = {}
+_functions: dict[tuple[int, str, str, tuple[bool | int, ...]], Any] = {}
 
 
-def function(device_index: int, family: str, name: str, *flags: bool) -> Any:
+def function(device_index: int, family: str, name: str, *flags: bool | int) -> Any:
     """The ``cupy.cuda.function.Function`` of kernel ``name`` of ``family`` specialized by ``flags`` (the
     family's flags in order, see :mod:`kvcanary.ops.cuda.specs`), loaded on CUDA device ``device_index``."""
     key = (device_index, family, name, flags)

@@ -13,6 +13,7 @@ exactly as CuPy would (:data:`NVRTC_OPTIONS` plus what CuPy adds, documented bel
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from functools import cache
@@ -110,7 +111,7 @@ class KernelSpec:
 
 
 # family -> (source file, entry points, flag names in define order). Each flag becomes the define
-# ``KVC_<FLAG>`` with value 0 or 1.
+# ``KVC_<FLAG>`` with value 0 or 1, except the integer parameters of _CHOICES (their value itself).
 _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # has_lut: swa_window_size > 0 (T(x) goes through full_to_swa_index_mapping);
     # has_pool: an expected-token pool is given.
@@ -125,13 +126,28 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     # given; has_real_kv: some context folds real KV.
     "verify_table": ("verify_table.cu", ("kvc_verify_from_table",), ("has_lut", "check_token", "has_real_kv")),
     # Plan-free write (SPEC §12): input_assert and has_real_kv as for write (the LUT, read once per request for
-    # the seed, is a runtime choice).
-    "write_table": ("write_table.cu", ("kvc_write_from_table",), ("input_assert", "has_real_kv")),
+    # the seed, is a runtime choice); contexts: the most contexts a launch of it takes (its per-context loops are
+    # unrolled that far; see contexts_spec()).
+    "write_table": ("write_table.cu", ("kvc_write_from_table",), ("input_assert", "has_real_kv", "contexts")),
     # Records that move with the KV (SPEC §13).
     "records": ("records.cu", ("kvc_gather_records", "kvc_scatter_records", "kvc_copy_records"), ()),
 }
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
+
+# Integer parameters: name -> the values compiled. ``contexts``: a write from the table of one buffer or of a K/V
+# pair compiles only that many contexts' code (measured on an H200, A decode in a graph 5.2 -> 4.7 us with one
+# context against the code for four); 3 or 4 contexts share the general module.
+_CHOICES: dict[str, tuple[int, ...]] = {"contexts": (1, 2, 4)}
+
+
+def contexts_spec(n: int) -> int:
+    """The ``contexts`` value of the module that launches ``n`` (1 .. 4) contexts: the smallest compiled one that
+    holds them."""
+    for c in _CHOICES["contexts"]:
+        if n <= c:
+            return c
+    raise ValueError(f"kv-canary: a launch takes at most {_CHOICES['contexts'][-1]} contexts, got {n}")
 
 
 def family_flags(family: str) -> tuple[str, ...]:
@@ -145,22 +161,35 @@ def _define_name(flag: str) -> str:
     return "KVC_" + flag.upper()
 
 
-def spec_for(family: str, **flags: bool) -> KernelSpec:
-    """The spec of ``family`` with the given flags (every flag of the family must be given)."""
+def _choices(flag: str) -> tuple:
+    return _CHOICES.get(flag, (False, True))
+
+
+def _define_value(flag: str, value: bool | int) -> str:
+    if flag in _CHOICES:
+        if value not in _CHOICES[flag] or isinstance(value, bool):
+            raise ValueError(f"kv-canary: {flag} must be one of {_CHOICES[flag]}, got {value!r}")
+        return str(value)
+    return "1" if value else "0"
+
+
+def spec_for(family: str, **flags: bool | int) -> KernelSpec:
+    """The spec of ``family`` with the given flags (every flag of the family must be given; the integer parameters
+    of ``_CHOICES`` take one of their values)."""
     if family not in _FAMILIES:
         raise ValueError(f"kv-canary: kernel family must be one of {FAMILIES}, got {family!r}")
     source_file, entry_points, names = _FAMILIES[family]
     if set(flags) != set(names):
         raise ValueError(f"kv-canary: kernel family {family!r} takes flags {names}, got {tuple(sorted(flags))}")
-    defines = tuple((_define_name(n), "1" if flags[n] else "0") for n in names)
+    defines = tuple((_define_name(n), _define_value(n, flags[n])) for n in names)
     return KernelSpec(family, source_file, defines, entry_points)
 
 
 @cache
 def all_specs() -> tuple[KernelSpec, ...]:
-    """Every specialization of every family (26 modules)."""
+    """Every specialization of every family (34 modules)."""
     specs = []
     for family, (_, _, names) in _FAMILIES.items():
-        for bits in range(1 << len(names)):
-            specs.append(spec_for(family, **{n: bool(bits >> i & 1) for i, n in enumerate(names)}))
+        for values in itertools.product(*(_choices(n) for n in names)):
+            specs.append(spec_for(family, **dict(zip(names, values))))
     return tuple(specs)

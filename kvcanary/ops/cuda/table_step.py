@@ -32,6 +32,7 @@ from kvcanary.ops.cuda.launch import (
     table_words,
 )
 from kvcanary.ops.cuda.loader import function
+from kvcanary.ops.cuda.specs import contexts_spec
 from kvcanary.ops.interop import ArrayView, Device
 from kvcanary.ops.launches import ContextViews, TableViews
 
@@ -67,6 +68,7 @@ class CudaTableStep:
         sms = sm_count(dev)
         self._v_real_kv = any(folds_real_kv(c) for c in verify_contexts)
         self._w_real_kv = any(folds_real_kv(c) for c in write_contexts)
+        self._w_contexts = contexts_spec(len(write_contexts))  # the write module compiled for this many
         self._v_grid = verify_table_grid(self._v_real_kv, sms)
         self._w_grid = write_table_grid(sms)
         self._v_buf = ArgBuffer(P.VERIFY_TABLE.words)
@@ -121,7 +123,7 @@ class CudaTableStep:
         dev = self.device.index
         if fn is None:
             fn = self._w_fns[assert_on] = function(dev, "write_table", "kvc_write_from_table", assert_on,
-                                                   self._w_real_kv)
+                                                   self._w_real_kv, self._w_contexts)
         buf = self._w_buf
         _WRITE_PACK.pack_into(
             buf.words, 0, *self._table(table, lut),

@@ -22,6 +22,7 @@ from kvcanary.ops.cuda.launch import (
     token_words,
 )
 from kvcanary.ops.cuda.loader import function
+from kvcanary.ops.cuda.specs import contexts_spec
 from kvcanary.ops.launches import WriteTableLaunch
 
 
@@ -44,8 +45,8 @@ def write_from_table(launch_rec: WriteTableLaunch, stream: Any = None) -> None:
     for i in range(0, len(rec.contexts), P.MAX_CONTEXTS):
         group = rec.contexts[i:i + P.MAX_CONTEXTS]
         words = P.WRITE_TABLE.pack(**head, num_contexts=len(group), ctx=contexts_words(group, dev, s))
-        groups.append((any(folds_real_kv(c) for c in group), words))
+        groups.append((any(folds_real_kv(c) for c in group), contexts_spec(len(group)), words))
     g = write_table_grid(sm_count(dev))
-    for has_real_kv, words in groups:
-        launch(function(dev, "write_table", "kvc_write_from_table", rec.input_assert, has_real_kv), g.blocks,
-               g.threads, words, dev, s)
+    for has_real_kv, n_spec, words in groups:
+        launch(function(dev, "write_table", "kvc_write_from_table", rec.input_assert, has_real_kv, n_spec),
+               g.blocks, g.threads, words, dev, s)
