@@ -221,6 +221,10 @@ def test_write_table_is_compiled_per_context_count():
     assert len(wt) == 2 * 2 * 3  # input_assert x has_real_kv x contexts
     src = kspecs.spec_for("write_table", input_assert=True, has_real_kv=False, contexts=2).source()
     assert "#define KVC_CONTEXTS 2\n" in src and "#define KVC_INPUT_ASSERT 1\n" in src
+    # Every spec rebuilds from its own flags (what warmup() hands the loader).
+    for spec in _ALL_SPECS:
+        assert kspecs.spec_for(spec.family, **dict(zip(kspecs.family_flags(spec.family), spec.flags))) == spec
+    assert kspecs.spec_for("write_table", input_assert=True, has_real_kv=False, contexts=4).flags == (True, False, 4)
     for bad in (3, True, 0):
         with pytest.raises(ValueError, match="contexts must be one of"):
             kspecs.spec_for("write_table", input_assert=False, has_real_kv=False, contexts=bad)
@@ -286,3 +290,21 @@ def test_option_model_matches_installed_cupy(monkeypatch):
         f"CuPy {cupy.__version__} passed {used[0]}; the CPU check models "
         f"{cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), cc)} (+ include paths)"
     )
+
+
+def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
+    # warmup() hands the loader each spec's flags; the loader rebuilds the spec from them (no GPU needed to check
+    # that every spec, the integer-valued ones included, comes back as itself).
+    from kvcanary.ops.cuda import loader
+
+    seen = []
+
+    def fake_function(index, family, name, *flags):
+        seen.append((kspecs.spec_for(family, **dict(zip(kspecs.family_flags(family), flags))), name))
+
+    monkeypatch.setattr(loader, "function", fake_function)
+    monkeypatch.setattr(loader, "_device_index", lambda device: 0)
+    monkeypatch.setattr(loader, "sm_count", lambda index: 132)
+    n = loader.warmup(0)
+    want = [(s, name) for s in _ALL_SPECS for name in s.entry_points]
+    assert n == len(want) and seen == want

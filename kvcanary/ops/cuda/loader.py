@@ -117,8 +117,7 @@ def warmup(device: Any = None) -> int:
     n = 0
     for spec in all_specs():
         for name in spec.entry_points:
-            flags = tuple(v == "1" for _, v in spec.defines)
-            function(index, spec.family, name, *flags)
+            function(index, spec.family, name, *spec.flags)
             n += 1
     sm_count(index)  # cache it now: the launchers size grids from it
     return n

@@ -104,6 +104,11 @@ class KernelSpec:
         """A stable, human-readable cache key, e.g. ``verify.cu[KVC_CHECK_TOKEN=1,KVC_HAS_REAL_KV=0]``."""
         return f"{self.source_file}[{','.join(f'{k}={v}' for k, v in self.defines)}]"
 
+    @property
+    def flags(self) -> tuple[bool | int, ...]:
+        """The values this spec was built from, in define order (what :func:`spec_for` and the loader take)."""
+        return tuple(int(v) if _flag_of(k) in _CHOICES else v == "1" for k, v in self.defines)
+
     def source(self) -> str:
         """The exact text compiled by NVRTC: the defines, then the file with its headers inlined."""
         head = "".join(f"#define {k} {v}\n" for k, v in self.defines)
@@ -159,6 +164,10 @@ def family_flags(family: str) -> tuple[str, ...]:
 
 def _define_name(flag: str) -> str:
     return "KVC_" + flag.upper()
+
+
+def _flag_of(define: str) -> str:
+    return define[len("KVC_"):].lower()
 
 
 def _choices(flag: str) -> tuple:
