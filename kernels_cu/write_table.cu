@@ -201,10 +201,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         __syncthreads();  // the tile's shared rows are read until here
     }
 
-    if (block == 0) {  // block 0 walked every row
+    if (block == 0 && b.invalid_rows != nullptr) {  // block 0 walked every row; no count asked, no extra scan
         kvc_i64 invalid_total;
         kvc_block_exclusive_sum(invalid, scratch, invalid_total);
-        if (tid == 0 && b.invalid_rows != nullptr) *b.invalid_rows = (int)invalid_total;
+        if (tid == 0) *b.invalid_rows = (int)invalid_total;
     }
 #if KVC_WT_BLOCK_STAMPS
     {
