@@ -284,3 +284,47 @@ def test_write_repeated_slots_emulated(emu, max_extend):
     with emu.cuda():
         two_pass(got)
     _compare(ref[1][:1], got[1][:1])
+
+
+def test_sglang_verify_relaunches_prepared_words_until_an_array_changes(emu):
+    """The SGLang-named verify packs a (context, plan)'s words once and relaunches them while the validation cache
+    reuses their views; a canary buffer swapped in place (``set_``: new address) is validated again and verified
+    at its new address, never through the stale words. Each call is held against the reference on the same state."""
+    from kvcanary.ops.cuda import launch as L
+
+    rng = rng_for("emu-sglang-prepared")
+    b = make_table_batch(rng, block_size=4, max_blocks=20, n_active=5, max_reqs=8, max_extend=20, window=0)
+    case = make_canary_case(rng, b.num_slots, n_sources=1, mode=Mode.PARTIAL, page_size=2, stride=32,
+                            source_rows=b.num_slots, ring_capacity=4 * _ring(b))
+    stamp_batch(rng, case, b, corrupt=0.2)
+    cap = 1 + int(b.prefix_lens.clamp(min=0).sum())
+    vslots = random_bytes(rng, (cap,), torch.int64)
+    swapped = random_bytes(rng, tuple(case.canary.shape), torch.uint8)
+
+    def run(s, on_emu):
+        bb, cc, vs, sw = s
+        vp = kc.VerifyPlan.allocate(verify_capacity=cap)
+        vp.verify_slot_indices.copy_(vs)
+        kc.launch_canary_plan_kernels(verify_plan_out=vp, write_plan_out=kc.WritePlan.allocate(
+            write_req_capacity=bb.bs + 2), verify_capacity=cap, **bb.plan_kwargs(False))
+        ctx = cc.context()  # one context object, reused as an engine would
+        counts = []
+        for i in range(3):
+            if i == 2:
+                cc.canary.set_(sw)  # the buffer replaced under the same tensor object
+            if on_emu:
+                with emu.cuda():
+                    kc.launch_canary_verify_kernel(context=ctx, plan=vp, check_verify_expected_token=True)
+                counts.append(len(L._prepared))
+            else:
+                kc.launch_canary_verify_kernel(context=ctx, plan=vp, check_verify_expected_token=True)
+        return counts
+
+    ref_state = to_device((b, case, vslots, swapped), "cpu")
+    got_state = to_device((b, case, vslots, swapped), "cpu")
+    run(ref_state, False)
+    counts = run(got_state, True)
+    assert counts == [1, 1, 2], counts  # packed once, reused, packed again for the new address
+    assert sum(n == "kvc_verify" for n, _, _ in emu.launched) == 3
+    assert _compare([ref_state[1]], [got_state[1]]) > 0
+    assert_same_bytes(ref_state[1].canary, got_state[1].canary, "canary_buf (the swapped-in one)")

@@ -202,6 +202,7 @@ def emulated_cuda(monkeypatch: Any, sms: int = 1):
     monkeypatch.setattr(launch, "import_cupy", lambda: _FakeCupy)
     monkeypatch.setattr(launch, "_tables", {})
     monkeypatch.setattr(launch, "_ctx_cache", {})
+    monkeypatch.setattr(launch, "_prepared", {})
     for mod in _LAUNCHERS:
         m = importlib.import_module(f"kvcanary.ops.cuda.{mod}")
         monkeypatch.setattr(m, "function", function)

@@ -333,9 +333,39 @@ def prepare_real_kv_sources(contexts: Sequence[ContextViews], device_index: int)
 
 
 def clear_caches() -> None:
-    """Forget the per-context words (not the descriptor tables: captured graphs may read them)."""
+    """Forget the per-context words and the prepared launches (not the descriptor tables: captured graphs may read
+    them)."""
     _ctx_cache.clear()
     _streams.clear()
+    _prepared.clear()
+
+
+# Prepared launches of the SGLang-named ops: their words depend only on validated views that the validation
+# cache hands back as the same objects while nothing under them changed, so they are packed once per (views,
+# flags) and relaunched as they are. An entry holds its views, so their ids are not recycled while it lives.
+_prepared: dict[tuple, tuple[tuple, Any, Any, ArgBuffer]] = {}
+PREPARED_CAPACITY = 64
+
+
+def prepared_launch(key: tuple, owners: tuple) -> tuple[Any, Any, ArgBuffer] | None:
+    """The ``(fn, grid, buffer)`` stored under ``key`` for exactly the objects ``owners`` (compared by identity),
+    or None."""
+    e = _prepared.get(key)
+    if e is None or len(e[0]) != len(owners) or any(a is not b for a, b in zip(e[0], owners)):
+        return None
+    return e[1], e[2], e[3]
+
+
+def prepare_launch(key: tuple, owners: tuple, fn: Any, grid: Any, words: Sequence[int]) -> ArgBuffer:
+    """Pack ``words`` into a buffer of their own and keep ``(fn, grid, buffer)`` under ``key`` for ``owners``; the
+    oldest entry goes when :data:`PREPARED_CAPACITY` are kept. The buffer is never written again, so threads may
+    launch from it at once."""
+    buf = ArgBuffer(len(words))
+    buf.packer.pack_into(buf.words, 0, *words)
+    if len(_prepared) >= PREPARED_CAPACITY:
+        _prepared.pop(next(iter(_prepared)))
+    _prepared[key] = (owners, fn, grid, buf)
+    return buf
 
 
 # ----------------------------------------------------------------------------------------------------------

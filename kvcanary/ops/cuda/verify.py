@@ -15,6 +15,9 @@ from kvcanary.ops.cuda.grids import sm_count, verify_grid
 from kvcanary.ops.cuda.launch import (
     folds_real_kv,
     launch,
+    launch_prepared,
+    prepare_launch,
+    prepared_launch,
     resolve_stream,
     sglang_context_words,
     table_context_words,
@@ -24,11 +27,23 @@ from kvcanary.ops.launches import VerifyLaunch
 
 
 def verify(launch_rec: VerifyLaunch, stream: Any = None) -> None:
-    """Check the records named by ``launch_rec``'s plan on its CUDA device, on ``stream``."""
+    """Check the records named by ``launch_rec``'s plan on its CUDA device, on ``stream``.
+
+    A context and plan seen before (the same validated views: nothing under them changed) relaunch the words
+    packed the first time; with more than four sources (a device descriptor table) the words are built anew."""
     rec = launch_rec
     dev = rec.device.index
     s = resolve_stream(stream, rec.device)
-    if len(rec.ctx.real_kv_sources) <= P.MAX_BY_VALUE_SOURCES:
+    key = ("verify", id(rec.ctx), id(rec.plan), rec.check_expected_token, dev)
+    hit = prepared_launch(key, (rec.ctx, rec.plan))
+    if hit is not None:
+        fn, g, buf = hit
+        launch_prepared(fn, g.blocks, g.threads, buf, dev, s)
+        return
+    by_value = len(rec.ctx.real_kv_sources) <= P.MAX_BY_VALUE_SOURCES
+    # Kept only for views the validation cache reuses (all torch tensors): others are new objects every call.
+    reusable = by_value and all(type(v.obj).__name__ == "Tensor" for v in (*rec.ctx.all(), *rec.plan.all()))
+    if by_value:
         ctx_rkv = sglang_context_words(rec.ctx)
     else:
         # More than four sources reach here only from kvcanary's own callers (the canary object's sweep; the
@@ -43,5 +58,8 @@ def verify(launch_rec: VerifyLaunch, stream: Any = None) -> None:
         prev_slot_indices=p.prev_slot_indices.ptr, num_valid=p.num_valid.ptr, enable=p.enable.ptr,
         capacity=p.capacity)
     g = verify_grid(p.capacity, has_real_kv, sm_count(dev))
-    launch(function(dev, "verify", "kvc_verify", rec.check_expected_token, has_real_kv), g.blocks, g.threads, words,
-           dev, s)
+    fn = function(dev, "verify", "kvc_verify", rec.check_expected_token, has_real_kv)
+    if reusable:
+        launch_prepared(fn, g.blocks, g.threads, prepare_launch(key, (rec.ctx, rec.plan), fn, g, words), dev, s)
+    else:
+        launch(fn, g.blocks, g.threads, words, dev, s)
