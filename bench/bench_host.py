@@ -20,7 +20,7 @@ Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positio
 * ``verify op``: one ``launch_canary_verify_kernel`` call with a context and a plan reused every call (the
   SGLang-named ops validate every argument on every call).
 
-Per case: host µs per call (median, p90), and on CUDA the GPU µs per step (CUDA events around 50 steps, host
+Per case: host µs per call (median, mean, p90), and on CUDA the GPU µs per step (CUDA events around 50 steps, host
 work included in the span, so it is the larger of the two) and the host share. The state is stamped clean
 first (a prefill through the canary), so no violation is decoded during timing. The table is printed last and
 written to ``$OUT/bench_host.md`` when ``$OUT`` is set.
@@ -409,22 +409,24 @@ def main(argv=None) -> int:
         if found and not args.null_backend:
             print(f"FAILED: {label}: {len(found)} violation(s) on a clean workload, e.g. {found[0]}", file=sys.stderr)
             return 1
-        rows.append((label, statistics.median(host), p90(host), gpu))
+        rows.append((label, statistics.median(host), statistics.mean(host), p90(host), gpu))
         del e
     if args.null_backend:
         with null_backend(dev.type):
             ver = time_sglang_verify(dev, max(steps, 200))
     else:
         ver = time_sglang_verify(dev, max(steps, 200))
-    rows.append(("verify op (SGLang-named)", statistics.median(ver), p90(ver), None))
+    rows.append(("verify op (SGLang-named)", statistics.median(ver), statistics.mean(ver), p90(ver), None))
 
     backend = "null backend (Python only)" if args.null_backend else f"{dev.type} backend"
     lines = [f"Host time per call, {backend}, {what}, shape A ({args.bs} x {args.prefix}), eager, torch "
              f"{torch.__version__}", "",
-             "| case | host µs median | host µs p90 | GPU µs per step | host share |", "|---|---|---|---|---|"]
-    for label, med, hi, gpu in rows:
+             "| case | host µs median | host µs mean | host µs p90 | GPU µs per step | host share |",
+             "|---|---|---|---|---|---|"]
+    for label, med, mean, hi, gpu in rows:
         share = "-" if gpu is None else f"{100 * med / max(gpu, med):.0f} %"
-        lines.append(f"| {label} | {med:.1f} | {hi:.1f} | {'-' if gpu is None else f'{gpu:.1f}'} | {share} |")
+        lines.append(f"| {label} | {med:.1f} | {mean:.1f} | {hi:.1f} | {'-' if gpu is None else f'{gpu:.1f}'} | "
+                     f"{share} |")
     if args.profile:
         lines += ["", "Host time call by call (cProfile, 200 steps of the K+V FULL case; tottime = the function's own "
                   "time, cumtime = with what it calls; the profiler adds its own overhead per call):", "", "```",
