@@ -311,6 +311,20 @@ class ValidatedCache:
         self.capacity = capacity
         self._entries: dict[tuple[int, str], tuple[Any, tuple, Any]] = {}
 
+    def hit(self, obj: Any, arrays: Any, name: str = "") -> Any:
+        """The views kept for this very ``obj`` if ``arrays(obj)`` (called only when there is an entry) still have
+        their signatures, else None: the fast path for callers whose argument checks are needed only on a miss
+        (the objects are frozen, so the same object holds the same, already checked, fields)."""
+        entry = self._entries.get((id(obj), name))
+        if entry is not None and entry[0] is obj and _same_signature(entry[1], arrays(obj)):
+            return entry[2]
+        return None
+
+    def holds(self, obj: Any, views: Any, name: str = "") -> bool:
+        """Whether ``views`` are the ones kept for ``obj`` (a later call with ``obj`` may return them again)."""
+        entry = self._entries.get((id(obj), name))
+        return entry is not None and entry[0] is obj and entry[2] is views
+
     def get(self, obj: Any, arrays: tuple, build: Any, name: str = "") -> Any:
         """The views ``build()`` returns for ``obj`` (validated under ``name``, which their messages use)."""
         key = (id(obj), name)
@@ -329,9 +343,6 @@ class ValidatedCache:
 _CONTEXTS = ValidatedCache()        # SGLang-named ops: at most MAX_REAL_KV_SOURCES sources
 _TABLE_CONTEXTS = ValidatedCache()  # plan-free ops: any number of sources
 _PLANS = ValidatedCache()
-_VERIFY_PLAN_FIELDS = ("verify_slot_indices", "verify_expected_tokens", "verify_expected_positions",
-                       "verify_prev_slot_indices", "verify_num_valid", "enable")
-_WRITE_PLAN_FIELDS = ("write_offsets", "write_seed_slot_indices", "write_num_valid_reqs")
 
 
 def _context_tensors(context: Any) -> tuple:
@@ -344,10 +355,13 @@ def cached_context_views(context: Any, *, name: str = "context",
                          max_sources: int | None = consts.MAX_REAL_KV_SOURCES) -> ContextViews:
     """:func:`context_views`, reusing the views of a context seen before when none of its arrays changed
     (:class:`ValidatedCache`); the errors are exactly :func:`context_views`'s."""
+    cache = _CONTEXTS if max_sources is not None else _TABLE_CONTEXTS
+    views = cache.hit(context, _context_tensors, name)  # a context validated before: its fields were checked then
+    if views is not None:
+        return views
     if (not isinstance(context, VerifyOrWriteContext) or not isinstance(context.real_kv_sources, tuple)
             or not all(isinstance(s, RealKvSource) for s in context.real_kv_sources)):
         return context_views(context, name=name, max_sources=max_sources)  # the error path
-    cache = _CONTEXTS if max_sources is not None else _TABLE_CONTEXTS
     return cache.get(context, _context_tensors(context),
                      lambda: context_views(context, name=name, max_sources=max_sources), name)
 
@@ -537,8 +551,10 @@ def validate_write(
 ) -> WriteLaunch:
     assert_on = check_bool("enable_write_input_assert", enable_write_input_assert)
     ctx = cached_context_views(context)
-    wplan = (_PLANS.get(plan, tuple(getattr(plan, f) for f in _WRITE_PLAN_FIELDS), lambda: write_plan_views(plan, "plan"))
-             if isinstance(plan, WritePlan) else write_plan_views(plan, "plan"))
+    if not isinstance(plan, WritePlan):
+        write_plan_views(plan, "plan")  # raises the type error
+    wplan = _PLANS.get(plan, (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs),
+                       lambda: write_plan_views(plan, "plan"))
     ids = array("input_ids", input_ids, "int64")
     n = ids.shape[0]
     pos = array("positions", positions, "int64", length=n)
@@ -549,13 +565,33 @@ def validate_write(
                        expected_input_tokens=exp_tok, expected_input_positions=exp_pos)
 
 
+# The launch records of the SGLang-named verify for (context views, plan views, flag) seen before: while the caches
+# hand back the same views (nothing under them changed), the device check and the record come out the same.
+_VERIFY_LAUNCHES: dict[tuple[int, int, bool], VerifyLaunch] = {}
+
+
+def _verify_plan_arrays(plan: VerifyPlan) -> tuple:
+    return (plan.verify_slot_indices, plan.verify_expected_tokens, plan.verify_expected_positions,
+            plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable)
+
+
 def validate_verify(*, context: Any, plan: Any, check_verify_expected_token: Any) -> VerifyLaunch:
     check = check_bool("check_verify_expected_token", check_verify_expected_token)
     ctx = cached_context_views(context)
-    vplan = (_PLANS.get(plan, tuple(getattr(plan, f) for f in _VERIFY_PLAN_FIELDS), lambda: verify_plan_views(plan, "plan"))
-             if isinstance(plan, VerifyPlan) else verify_plan_views(plan, "plan"))
+    if not isinstance(plan, VerifyPlan):
+        verify_plan_views(plan, "plan")  # raises the type error
+    vplan = _PLANS.get(plan, _verify_plan_arrays(plan), lambda: verify_plan_views(plan, "plan"))
+    key = (id(ctx), id(vplan), check)
+    rec = _VERIFY_LAUNCHES.get(key)
+    if rec is not None and rec.ctx is ctx and rec.plan is vplan:
+        return rec
     device = _same_device(_VERIFY, *ctx.all(), *vplan.all())
-    return VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check)
+    rec = VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check)
+    if _CONTEXTS.holds(context, ctx, "context") and _PLANS.holds(plan, vplan):  # views a later call gets again
+        if len(_VERIFY_LAUNCHES) >= _PLANS.capacity:
+            _VERIFY_LAUNCHES.pop(next(iter(_VERIFY_LAUNCHES)))
+        _VERIFY_LAUNCHES[key] = rec
+    return rec
 
 
 def validate_scatter(*, flat_in: Any, offsets: Any, req_pool_indices: Any, pool_out: Any) -> ScatterLaunch:

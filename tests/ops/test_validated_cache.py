@@ -71,3 +71,30 @@ def test_a_real_kv_source_resized_in_place_is_rechecked():
     with pytest.raises(ValueError, match="rows must be at least page_size \\* num_bytes_per_token = 64 bytes wide, "
                                          "got 32"):
         verify(ctx, plan)
+
+
+def test_the_verify_launch_record_is_reused_while_nothing_changed_and_rebuilt_after():
+    _, _, ctx, plan = setup()
+    kw = dict(context=ctx, plan=plan, check_verify_expected_token=False)
+    first = validation.validate_verify(**kw)
+    assert validation.validate_verify(**kw) is first   # same views, same device: the same record
+    assert validation.validate_verify(**{**kw, "check_verify_expected_token": True}) is not first
+    plan.verify_slot_indices.set_(torch.zeros(4, dtype=torch.int64))   # new storage, same tensor object
+    again = validation.validate_verify(**kw)
+    assert again is not first and again.plan.slot_indices.ptr == plan.verify_slot_indices.data_ptr()
+    assert again.ctx is first.ctx   # the context did not change
+
+
+def test_a_verify_launch_of_arrays_that_are_not_torch_tensors_is_not_kept():
+    # Views of other arrays (here NumPy, through DLPack) are built anew on every call: keeping their launch records
+    # would only hold the arrays alive.
+    log = kc.ViolationLog.allocate(ring_capacity=8)
+    buf = kc.allocate_canary_buffer(16).numpy()
+    ctx = log.context(canary_buf=buf, kernel_kind=kc.CanaryLaunchTag.HEAD_K_FULL)
+    plan = kc.VerifyPlan.allocate(verify_capacity=4)
+    plan.verify_num_valid.fill_(0)
+    before = len(validation._VERIFY_LAUNCHES)
+    a = validation.validate_verify(context=ctx, plan=plan, check_verify_expected_token=False)
+    b = validation.validate_verify(context=ctx, plan=plan, check_verify_expected_token=False)
+    assert a is not b and a.ctx.canary_buf.ptr == b.ctx.canary_buf.ptr
+    assert len(validation._VERIFY_LAUNCHES) == before
