@@ -215,12 +215,15 @@ class WriteLaunch:
 
 @dataclass(frozen=True, kw_only=True)
 class VerifyLaunch:
-    """A validated ``launch_canary_verify_kernel`` call (SPEC §7)."""
+    """A validated ``launch_canary_verify_kernel`` call (SPEC §7). ``kept``: validation keeps this record and
+    returns this very object to later calls with the same arguments while nothing under them changes (so a
+    backend may attach work done once to it)."""
 
     device: Device
     ctx: ContextViews
     plan: VerifyPlanViews
     check_expected_token: bool
+    kept: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -586,8 +586,9 @@ def validate_verify(*, context: Any, plan: Any, check_verify_expected_token: Any
     if rec is not None and rec.ctx is ctx and rec.plan is vplan:
         return rec
     device = _same_device(_VERIFY, *ctx.all(), *vplan.all())
-    rec = VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check)
-    if _CONTEXTS.holds(context, ctx, "context") and _PLANS.holds(plan, vplan):  # views a later call gets again
+    kept = _CONTEXTS.holds(context, ctx, "context") and _PLANS.holds(plan, vplan)  # views a later call gets again
+    rec = VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check, kept=kept)
+    if kept:
         if len(_VERIFY_LAUNCHES) >= _PLANS.capacity:
             _VERIFY_LAUNCHES.pop(next(iter(_VERIFY_LAUNCHES)))
         _VERIFY_LAUNCHES[key] = rec

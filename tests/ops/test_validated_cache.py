@@ -77,7 +77,7 @@ def test_the_verify_launch_record_is_reused_while_nothing_changed_and_rebuilt_af
     _, _, ctx, plan = setup()
     kw = dict(context=ctx, plan=plan, check_verify_expected_token=False)
     first = validation.validate_verify(**kw)
-    assert validation.validate_verify(**kw) is first   # same views, same device: the same record
+    assert first.kept and validation.validate_verify(**kw) is first   # same views, same device: the same record
     assert validation.validate_verify(**{**kw, "check_verify_expected_token": True}) is not first
     plan.verify_slot_indices.set_(torch.zeros(4, dtype=torch.int64))   # new storage, same tensor object
     again = validation.validate_verify(**kw)
@@ -97,4 +97,5 @@ def test_a_verify_launch_of_arrays_that_are_not_torch_tensors_is_not_kept():
     a = validation.validate_verify(context=ctx, plan=plan, check_verify_expected_token=False)
     b = validation.validate_verify(context=ctx, plan=plan, check_verify_expected_token=False)
     assert a is not b and a.ctx.canary_buf.ptr == b.ctx.canary_buf.ptr
+    assert not a.kept and not b.kept   # so no backend attaches work to them either
     assert len(validation._VERIFY_LAUNCHES) == before

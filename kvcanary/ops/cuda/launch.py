@@ -340,9 +340,9 @@ def clear_caches() -> None:
     _prepared.clear()
 
 
-# Prepared launches of the SGLang-named ops: their words depend only on validated views that the validation
-# cache hands back as the same objects while nothing under them changed, so they are packed once per (views,
-# flags) and relaunched as they are. An entry holds its views, so their ids are not recycled while it lives.
+# Prepared launches of the SGLang-named ops: the words of a launch record that validation keeps (and hands back as
+# the same object while nothing under it changed) are packed once and relaunched as they are. An entry holds its
+# record, so the record's id is not recycled while it lives.
 _prepared: dict[tuple, tuple[tuple, Any, Any, ArgBuffer]] = {}
 PREPARED_CAPACITY = 64
 

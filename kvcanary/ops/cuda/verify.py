@@ -29,20 +29,19 @@ from kvcanary.ops.launches import VerifyLaunch
 def verify(launch_rec: VerifyLaunch, stream: Any = None) -> None:
     """Check the records named by ``launch_rec``'s plan on its CUDA device, on ``stream``.
 
-    A context and plan seen before (the same validated views: nothing under them changed) relaunch the words
-    packed the first time; with more than four sources (a device descriptor table) the words are built anew."""
+    A record validation keeps (``rec.kept``: the same context and plan, nothing under them changed) relaunches the
+    words packed the first time; with more than four sources (a device descriptor table) the words are built
+    anew."""
     rec = launch_rec
     dev = rec.device.index
     s = resolve_stream(stream, rec.device)
-    key = ("verify", id(rec.ctx), id(rec.plan), rec.check_expected_token, dev)
-    hit = prepared_launch(key, (rec.ctx, rec.plan))
+    key = ("verify", id(rec), dev)
+    hit = prepared_launch(key, (rec,))
     if hit is not None:
         fn, g, buf = hit
         launch_prepared(fn, g.blocks, g.threads, buf, dev, s)
         return
     by_value = len(rec.ctx.real_kv_sources) <= P.MAX_BY_VALUE_SOURCES
-    # Kept only for views the validation cache reuses (all torch tensors): others are new objects every call.
-    reusable = by_value and all(type(v.obj).__name__ == "Tensor" for v in (*rec.ctx.all(), *rec.plan.all()))
     if by_value:
         ctx_rkv = sglang_context_words(rec.ctx)
     else:
@@ -59,7 +58,7 @@ def verify(launch_rec: VerifyLaunch, stream: Any = None) -> None:
         capacity=p.capacity)
     g = verify_grid(p.capacity, has_real_kv, sm_count(dev))
     fn = function(dev, "verify", "kvc_verify", rec.check_expected_token, has_real_kv)
-    if reusable:
-        launch_prepared(fn, g.blocks, g.threads, prepare_launch(key, (rec.ctx, rec.plan), fn, g, words), dev, s)
+    if by_value and rec.kept:  # a record made anew every call would only be held alive by an entry
+        launch_prepared(fn, g.blocks, g.threads, prepare_launch(key, (rec,), fn, g, words), dev, s)
     else:
         launch(fn, g.blocks, g.threads, words, dev, s)
