@@ -47,7 +47,7 @@ KERNELS = {
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV")],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
-                     lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv)),
+                     lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
                      ("KVC_WT_SPREAD",)],

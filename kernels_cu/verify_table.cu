@@ -3,8 +3,11 @@
 //
 // Specializations: KVC_HAS_LUT (T(x) through full_to_swa_index_mapping), KVC_CHECK_TOKEN (check the expected
 // tokens: check_verify_expected_token and a pool given), KVC_HAS_REAL_KV (some context folds real KV, from its
-// device descriptor table of any number of sources). One parameter: KvcVerifyTableParams, with 1 to
-// kvc::kMaxContexts contexts that share the table (K and V of a group: the table is walked once for all).
+// device descriptor table of any number of sources), KVC_CONTEXTS (1, 2 or 4: the most contexts a launch passes;
+// the context loop is unrolled that far, so each context's parameters are read from fixed constant-bank offsets
+// instead of a register-indexed load: Nsight Compute put the most-sampled instruction of A NONE, 16 % of the
+// samples, right after that load when the loop ran over a runtime count). One parameter: KvcVerifyTableParams,
+// with 1 to KVC_CONTEXTS contexts that share the table (K and V of a group: the table is walked once for all).
 //
 // Work distribution (no plan, no scratch, a grid fixed by the SM count). The entries of the batch are numbered
 // request by request, position by position, as §5 lays them out, and cut into chunks of kvc::kVtUnroll *
@@ -53,6 +56,10 @@
 #ifndef KVC_HAS_REAL_KV
 #error "KVC_HAS_REAL_KV must be defined (0 or 1)"
 #endif
+#ifndef KVC_CONTEXTS
+#error "KVC_CONTEXTS must be defined (1, 2 or 4)"
+#endif
+static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts per launch");
 
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines): the grid is this many blocks per SM, and
 // each thread takes this many entries per step. Chosen by bench/tune_geometry.py on an H200 (2026-12-03):
@@ -231,8 +238,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 const kvc_i64 s = __shfl_up_sync(kvc::kFullMask, en.slot[u], 1);
                 if (en.nb[u]) en.prev[u] = s;
             }
-#pragma unroll 1
-            for (int c = 0; c < nctx; ++c) kvc_vt_context(p.ctx[c], en);  // block-uniform loop
+#pragma unroll
+            for (int c = 0; c < KVC_CONTEXTS; ++c)  // the launcher never passes more (specs.contexts_spec)
+                if (c < nctx) kvc_vt_context(p.ctx[c], en);  // block-uniform condition
             if (next + kvc::kVtChunk > tile_end) break;  // the chunk continues in the next tile
             next += grid_stride;
         }
@@ -245,7 +253,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         kvc_block_exclusive_sum(invalid, scratch, invalid_total);
         if (tid == 0) {
 #pragma unroll
-            for (int c = 0; c < kvc::kMaxContexts; ++c) {
+            for (int c = 0; c < KVC_CONTEXTS; ++c) {
                 if (c < nctx) {
                     kvc_counter_add(p.ctx[c].kernel_run_counter, 1);
                     if (carry > 0) kvc_counter_add(p.ctx[c].slot_run_counter, carry);

@@ -22,6 +22,7 @@ import torch
 
 import kvcanary as kc
 from kvcanary import RealKvHashMode as Mode
+from kvcanary.ops.cuda import specs
 from support.cuda_emu import compiler, emulated_cuda
 from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
 from support.table_cases import (
@@ -102,6 +103,9 @@ def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mod
         assert_same_bytes(ref[2], got[2], "invalid_rows_out")
     assert {name for name, _, _ in emu.launched} == {"kvc_verify_from_table"}
     assert len(emu.launched) == 2 * (1 + (n_contexts - 1) // 4)
+    # Each launch ran the smallest module compiled for its contexts (5 = a launch of 4, then one of 1).
+    per_launch = [4, 1] if n_contexts == 5 else [n_contexts]
+    assert emu.modules("verify_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
 def test_verify_table_emulated_many_rows(emu):
@@ -140,6 +144,8 @@ def test_write_table_emulated(emu, block_size, window, pad_row, n_contexts, mode
         if not assert_on:
             assert_same_bytes(ref[3], inv, "invalid_rows_out not passed, left as it was")
     assert rows > 0
+    per_launch = [4, 1] if n_contexts == 5 else [n_contexts]
+    assert emu.modules("write_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
 def test_write_table_emulated_many_rows(emu):

@@ -211,7 +211,7 @@ def test_specs_are_listed_and_distinct():
     assert not any(o.startswith(("-arch", "--gpu-architecture", "-gencode")) for o in opts), opts
 
 
-def test_write_table_is_compiled_per_context_count():
+def test_table_kernels_are_compiled_per_context_count():
     # A launch of n contexts runs the smallest module compiled for at least n: 1 -> 1, 2 -> 2, 3 and 4 -> 4.
     assert [kspecs.contexts_spec(n) for n in (1, 2, 3, 4)] == [1, 2, 4, 4]
     with pytest.raises(ValueError, match="at most 4 contexts, got 5"):
@@ -219,6 +219,12 @@ def test_write_table_is_compiled_per_context_count():
     wt = [s for s in _ALL_SPECS if s.family == "write_table"]
     assert sorted({dict(s.defines)["KVC_CONTEXTS"] for s in wt}) == ["1", "2", "4"]
     assert len(wt) == 2 * 2 * 3  # input_assert x has_real_kv x contexts
+    vt = [s for s in _ALL_SPECS if s.family == "verify_table"]
+    assert sorted({dict(s.defines)["KVC_CONTEXTS"] for s in vt}) == ["1", "2", "4"]
+    assert len(vt) == 2 * 2 * 2 * 3  # has_lut x check_token x has_real_kv x contexts
+    assert len(_ALL_SPECS) == 50
+    src = kspecs.spec_for("verify_table", has_lut=True, check_token=False, has_real_kv=False, contexts=1).source()
+    assert "#define KVC_CONTEXTS 1\n" in src and "#define KVC_HAS_LUT 1\n" in src
     src = kspecs.spec_for("write_table", input_assert=True, has_real_kv=False, contexts=2).source()
     assert "#define KVC_CONTEXTS 2\n" in src and "#define KVC_INPUT_ASSERT 1\n" in src
     # Every spec rebuilds from its own flags (what warmup() hands the loader).

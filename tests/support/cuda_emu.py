@@ -134,11 +134,16 @@ _LAUNCHERS = ("plan", "verify", "write", "scatter", "verify_table", "write_table
 
 class EmuState:
     """``on``: whether the public ops on CPU arrays go to the (emulated) CUDA backend instead of the reference;
-    ``launched``: (kernel, grid, block) of every emulated launch."""
+    ``launched``: (kernel, grid, block) of every emulated launch; ``specs``: the module each one ran."""
 
     def __init__(self) -> None:
         self.on = False
         self.launched: list[tuple[str, int, int]] = []
+        self.specs: list[specs.KernelSpec] = []
+
+    def modules(self, family: str) -> list[int]:
+        """The ``contexts`` values of the modules of ``family`` launched so far, sorted, each once."""
+        return sorted({dict(zip(specs.family_flags(s.family), s.flags))["contexts"] for s in self.specs if s.family == family})
 
     @contextlib.contextmanager
     def cuda(self):
@@ -195,6 +200,7 @@ def emulated_cuda(monkeypatch: Any, sms: int = 1):
 
         def call(grid, block, args, shared_mem=0, stream=None):
             launched.append((name, grid[0], block[0]))
+            state.specs.append(fn.spec)
             fn(grid, block, args, shared_mem, stream)
 
         return call

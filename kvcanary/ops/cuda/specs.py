@@ -128,8 +128,9 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "verify": ("verify.cu", ("kvc_verify",), ("check_token", "has_real_kv")),
     "scatter": ("scatter.cu", ("kvc_scatter",), ()),
     # Plan-free verify (SPEC §11): has_lut as for plan; check_token: check_verify_expected_token and a pool
-    # given; has_real_kv: some context folds real KV.
-    "verify_table": ("verify_table.cu", ("kvc_verify_from_table",), ("has_lut", "check_token", "has_real_kv")),
+    # given; has_real_kv: some context folds real KV; contexts as for write_table.
+    "verify_table": ("verify_table.cu", ("kvc_verify_from_table",),
+                     ("has_lut", "check_token", "has_real_kv", "contexts")),
     # Plan-free write (SPEC §12): input_assert and has_real_kv as for write (the LUT, read once per request for
     # the seed, is a runtime choice); contexts: the most contexts a launch of it takes (its per-context loops are
     # unrolled that far; see contexts_spec()).
@@ -140,9 +141,10 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
-# Integer parameters: name -> the values compiled. ``contexts``: a write from the table of one buffer or of a K/V
-# pair compiles only that many contexts' code (measured on an H200, A decode in a graph 5.2 -> 4.7 us with one
-# context against the code for four); 3 or 4 contexts share the general module.
+# Integer parameters: name -> the values compiled. ``contexts``: a verify or write from the table of one buffer or
+# of a K/V pair compiles only that many contexts' code (measured on an H200, A decode write in a graph 5.2 -> 4.7 us
+# with one context against the code for four), with each context's parameters at fixed offsets; 3 or 4 contexts
+# share the general module.
 _CHOICES: dict[str, tuple[int, ...]] = {"contexts": (1, 2, 4)}
 
 
@@ -196,7 +198,7 @@ def spec_for(family: str, **flags: bool | int) -> KernelSpec:
 
 @cache
 def all_specs() -> tuple[KernelSpec, ...]:
-    """Every specialization of every family (34 modules)."""
+    """Every specialization of every family (50 modules)."""
     specs = []
     for family, (_, _, names) in _FAMILIES.items():
         for values in itertools.product(*(_choices(n) for n in names)):

@@ -68,7 +68,9 @@ class CudaTableStep:
         sms = sm_count(dev)
         self._v_real_kv = any(folds_real_kv(c) for c in verify_contexts)
         self._w_real_kv = any(folds_real_kv(c) for c in write_contexts)
-        self._w_contexts = contexts_spec(len(write_contexts))  # the write module compiled for this many
+        # The modules compiled for this many contexts.
+        self._v_contexts = contexts_spec(len(verify_contexts))
+        self._w_contexts = contexts_spec(len(write_contexts))
         self._v_grid = verify_table_grid(self._v_real_kv, sms)
         self._w_grid = write_table_grid(sms)
         self._v_buf = ArgBuffer(P.VERIFY_TABLE.words)
@@ -104,7 +106,7 @@ class CudaTableStep:
         dev = self.device.index
         if fn is None:
             fn = self._v_fns[key] = function(dev, "verify_table", "kvc_verify_from_table", key[0], key[1],
-                                             self._v_real_kv)
+                                             self._v_real_kv, self._v_contexts)
         buf = self._v_buf
         _VERIFY_PACK.pack_into(
             buf.words, 0, *self._table(table, lut),

@@ -22,6 +22,7 @@ from kvcanary.ops.cuda.launch import (
     table_words,
 )
 from kvcanary.ops.cuda.loader import function
+from kvcanary.ops.cuda.specs import contexts_spec
 from kvcanary.ops.launches import VerifyTableLaunch
 
 
@@ -48,9 +49,9 @@ def verify_from_table(launch_rec: VerifyTableLaunch, stream: Any = None) -> None
         total = ptr(rec.invalid_rows_total) if i == 0 else 0
         words = P.VERIFY_TABLE.pack(**head, num_contexts=len(group), invalid_rows_total=total,
                                     ctx=contexts_words(group, dev, s))
-        groups.append((any(folds_real_kv(c) for c in group), words))
+        groups.append((any(folds_real_kv(c) for c in group), contexts_spec(len(group)), words))
     sms = sm_count(dev)
-    for has_real_kv, words in groups:
+    for has_real_kv, contexts, words in groups:
         g = verify_table_grid(has_real_kv, sms)
-        launch(function(dev, "verify_table", "kvc_verify_from_table", has_lut, check, has_real_kv), g.blocks,
-               g.threads, words, dev, s)
+        launch(function(dev, "verify_table", "kvc_verify_from_table", has_lut, check, has_real_kv, contexts),
+               g.blocks, g.threads, words, dev, s)
