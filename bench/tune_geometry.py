@@ -15,9 +15,9 @@ blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts sum
 ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
 defines, and the launchers read the grid from the same copy, so a variant is what the library would run.
 
-Per variant and case: the eager time (L2 flushed, median) and, for write_table, the time in a CUDA graph (the
-decode write is launched inside captured forwards); registers and local (spill) bytes per thread. Before timing,
-every variant must pass ``bench_cuda.Case.check`` on shape A (clean prefix verified clean, one flipped token
+Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
+launches per replay, as ``bench_cuda.py``; the L2 not flushed); registers and local (spill) bytes per thread.
+Before timing, every variant must pass ``bench_cuda.Case.check`` on shape A (clean prefix verified clean, one flipped token
 caught, the plan-free write stamping what the plan-based one stamps). The table is printed last (and written to
 ``$OUT/tune_<kernel>.md`` when ``$OUT`` is set).
 """
@@ -144,11 +144,11 @@ def main(argv=None) -> int:
                 use_variant(kernel, var, work)
                 key = (var, shape, layout, mode.name)
                 eager[key] = timer.eager(fn, runs=args.runs, warmup=3)
-                if is_write:
-                    reps = max(1, min(20, int(2000 / max(eager[key], 1e-3))))
-                    graph[key] = timer.graph(fn, runs=args.runs, reps=reps)
-                print(f"  {name(var)} {shape} {layout} {mode.name}: eager {eager[key]:.2f} µs"
-                      + (f", graph {graph[key]:.2f} µs" if is_write else ""), flush=True)
+                # as bench_cuda.py: about 2 ms of launches per replay
+                reps = max(1, min(20, int(2000 / max(eager[key], 1e-3))))
+                graph[key] = timer.graph(fn, runs=args.runs, reps=reps)
+                print(f"  {name(var)} {shape} {layout} {mode.name}: eager {eager[key]:.2f} µs, graph "
+                      f"{graph[key]:.2f} µs", flush=True)
             if case.violations():
                 failures.append(f"{shape}/{layout}/{mode.name}: {case.violations()} violations while timing")
             del case
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
-    what = "eager / graph" if is_write else "eager"
+    what = "eager / graph"
     head = ("entries/thread x blocks/SM" if not is_write else "threads x blocks/SM x rows/thread x block stamps x spread")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
 
     def cell(key):
         e = eager.get(key, float("nan"))
-        return f"{e:.2f} / {graph.get(key, float('nan')):.2f}" if is_write else f"{e:.2f}"
+        return f"{e:.2f} / {graph.get(key, float('nan')):.2f}"
 
     for var in variants:
         rn = info.get((var, "NONE"), (0, 0))
