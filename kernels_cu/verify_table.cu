@@ -4,10 +4,10 @@
 // Specializations: KVC_HAS_LUT (T(x) through full_to_swa_index_mapping), KVC_CHECK_TOKEN (check the expected
 // tokens: check_verify_expected_token and a pool given), KVC_HAS_REAL_KV (some context folds real KV, from its
 // device descriptor table of any number of sources), KVC_CONTEXTS (1, 2 or 4: the most contexts a launch passes;
-// the context loop is unrolled that far, so each context's parameters are read from fixed constant-bank offsets
-// instead of a register-indexed load: Nsight Compute put the most-sampled instruction of A NONE, 16 % of the
-// samples, right after that load when the loop ran over a runtime count). One parameter: KvcVerifyTableParams,
-// with 1 to KVC_CONTEXTS contexts that share the table (K and V of a group: the table is walked once for all).
+// the context loop is unrolled that far, as in write_table.cu, so each context's parameters are read from fixed
+// constant-bank offsets, not through a register index; one context: 56 registers instead of 64, same time on an
+// H200). One parameter: KvcVerifyTableParams, with 1 to KVC_CONTEXTS contexts that share the table (K and V of a
+// group: the table is walked once for all).
 //
 // Work distribution (no plan, no scratch, a grid fixed by the SM count). The entries of the batch are numbered
 // request by request, position by position, as §5 lays them out, and cut into chunks of kvc::kVtUnroll *
@@ -29,8 +29,9 @@
 // Numbers (H200, shuffled pool, docs/BENCHMARKS.md): B (8.4 M entries) runs within 7 % of a bare kernel that
 // reads the same table entries and records in the same order and checks nothing (237 against 221 us; random
 // 32-byte records cost a 64-byte DRAM access each, and the memory system tops out near 2.4 TB/s for them); A
-// (1 M entries) is 34 us eager, 25 us in a graph, where the per-block row walk and scan weigh more. The row walk
-// every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
+// (1 M entries) is 34 us eager, 26 us in a graph, where the records sit in L2 and the kernel's own instructions
+// bound it: 14.4 warp instructions per entry (Nsight Compute: 15.1 M per launch), 14.6 us if every scheduler
+// issued on every cycle; measured, the issue slots are 52 % busy. The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //
