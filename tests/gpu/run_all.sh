@@ -20,7 +20,8 @@
 #                 (writes $OUT/bench_host.md)
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
-# 7. ncu        - Nsight Compute counters of one plan-free verify launch at shape B (bench/profile_verify_table.py)
+# 7. ncu        - Nsight Compute counters of the plan-free verify (B; A with the L2 warm) and of the decode writes
+#                 (A), instructions executed included (bench/profile_verify_table.py)
 # 8. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
 #                 sweep (writes $OUT/tune_<kernel>.md; TUNE_ARGS, T_TUNE)
 #
@@ -241,22 +242,28 @@ if has_part hf; then
     SUMMARY+=("hf|$(result_word $rc)|$PART_SECONDS|-")
 fi
 
-# ---- 7. hardware counters of the plan-free verify
+# ---- 7. hardware counters of the plan-free verify (B, and A with the L2 warm) and of the decode writes (A)
 if has_part ncu; then
     NCU="$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)"
     if [[ -z "$NCU" ]]; then
         SUMMARY+=("ncu|NOT RUN: ncu not found|0|-")
     else
+        # Instructions executed and how busy the issue slots are: what bounds a kernel once its data is in L2.
+        INST=(--section SchedulerStats --metrics smsp__inst_executed.sum,smsp__thread_inst_executed.sum)
         run_part ncu "$T_NCU" "$OUT/ncu.log" "$NCU" --clock-control none -k regex:kvc_verify_from_table --launch-skip 2 \
             --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
-            --section WarpStateStats --section LaunchStats "$PY" bench/profile_verify_table.py --shape B
+            --section WarpStateStats --section LaunchStats "${INST[@]}" "$PY" bench/profile_verify_table.py --shape B
         rc=$?
+        # The verify at A with the L2 left warm (as in a graph replay).
+        "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
+            --launch-count 1 --section SpeedOfLight --section WarpStateStats "${INST[@]}" \
+            "$PY" bench/profile_verify_table.py --shape A >> "$OUT/ncu.log" 2>&1 || rc=1
         # The decode writes at A: the plan-free write against the plan-based one.
         "$NCU" --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 \
-            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy "${INST[@]}" \
             "$PY" bench/profile_verify_table.py --shape A --op write_table >> "$OUT/ncu.log" 2>&1 || rc=1
         "$NCU" --clock-control none -k 'regex:^kvc_write$' --launch-skip 4 --launch-count 1 \
-            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy \
+            --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy "${INST[@]}" \
             "$PY" bench/profile_verify_table.py --shape A --op write >> "$OUT/ncu.log" 2>&1 || rc=1
         SUMMARY+=("ncu|$(result_word $rc)|$PART_SECONDS|-")
     fi
