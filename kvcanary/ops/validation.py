@@ -327,16 +327,15 @@ class ValidatedCache:
 
     def get(self, obj: Any, arrays: tuple, build: Any, name: str = "") -> Any:
         """The views ``build()`` returns for ``obj`` (validated under ``name``, which their messages use)."""
-        key = (id(obj), name)
-        entry = self._entries.get(key)
-        if entry is not None and entry[0] is obj and _same_signature(entry[1], arrays):
-            return entry[2]
+        views = self.hit(obj, lambda _obj: arrays, name)
+        if views is not None:
+            return views
         sig = tuple(tensor_signature(a) for a in arrays)
         views = build()
         if _UNCACHEABLE not in sig:
             if len(self._entries) >= self.capacity:
                 self._entries.pop(next(iter(self._entries)))
-            self._entries[key] = (obj, sig, views)
+            self._entries[(id(obj), name)] = (obj, sig, views)
         return views
 
 
