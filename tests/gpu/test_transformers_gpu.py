@@ -17,13 +17,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed")
+from support.transformers_gate import tested_transformers
+
+tested_transformers()  # skips this module unless the tested version is installed
 pytest.importorskip("cupy")
 if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
     pytest.skip("no CUDA GPU", allow_module_level=True)
 
 from kvcanary import CanaryLaunchTag as T  # noqa: E402
-from kvcanary.integrations.transformers import TESTED_TRANSFORMERS_VERSION  # noqa: E402
 from kvcanary.testing.transformers_engine import (  # noqa: E402
     BUGS,
     fork_workload,
@@ -34,10 +35,6 @@ from kvcanary.testing.transformers_engine import (  # noqa: E402
     tiny_llama,
     tokens,
 )
-
-if transformers.__version__ != TESTED_TRANSFORMERS_VERSION:  # pragma: no cover - depends on the image
-    pytest.skip(f"transformers {transformers.__version__} found, the integration is tested with "
-                f"{TESTED_TRANSFORMERS_VERSION}", allow_module_level=True)
 
 # 2 layers x K and V x 2 heads x 16 dims x 2 bytes x 4 tokens per block in bfloat16.
 BLOCK_BYTES = 1024

@@ -18,7 +18,9 @@ import sys
 
 import pytest
 
-transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed")
+from support.transformers_gate import tested_transformers
+
+transformers = tested_transformers()  # skips this module unless the tested version is installed
 
 from kvcanary import CanaryLaunchTag as T  # noqa: E402
 from kvcanary import CanaryViolationError  # noqa: E402
