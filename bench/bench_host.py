@@ -9,6 +9,7 @@ Usage (from the repository root)::
     PYTHONPATH=. python3 bench/bench_host.py --breakdown     # also: the cost of each primitive a step is made of
     PYTHONPATH=. python3 bench/bench_host.py --chunk 4       # a device sync every 4 steps (GPU never behind)
     PYTHONPATH=. python3 bench/bench_host.py --attribute     # real steps, the time inside each CUDA call
+    PYTHONPATH=. python3 bench/bench_host.py --layers 32     # a K and a V real-KV source per layer, 32 layers
 
 Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positions, one new token each):
 
@@ -20,7 +21,8 @@ Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positio
 * ``verify op``: one ``launch_canary_verify_kernel`` call with a context and a plan reused every call (the
   SGLang-named ops validate every argument on every call).
 
-Per case: host µs per call (median, mean, p90), and on CUDA the GPU µs per step (CUDA events around 50 steps, host
+Per case: host µs per call (median, mean, p90; the medians of the HEAD and of the TAIL calls apart: only a TAIL
+step checks and folds the real-KV sources, so it grows with ``--layers``), and on CUDA the GPU µs per step (CUDA events around 50 steps, host
 work included in the span, so it is the larger of the two) and the host share. The state is stamped clean
 first (a prefill through the canary), so no violation is decoded during timing. The table is printed last and
 written to ``$OUT/bench_host.md`` when ``$OUT`` is set.
@@ -87,7 +89,7 @@ def null_backend(device_kind: str):
 class Engine:
     """Shape A on ``device``: every request's 4096 positions in consecutive slots, stamped by one prefill."""
 
-    def __init__(self, device: torch.device, *, swa: bool, bs: int, prefix: int):
+    def __init__(self, device: torch.device, *, swa: bool, bs: int, prefix: int, layers: int = 1):
         self.device = device
         n_slots = bs * (prefix + 1) + 1
         d = device
@@ -98,7 +100,9 @@ class Engine:
         def src(t):
             return kc.RealKvSource(tensor=t, page_size=1, num_bytes_per_token=32, read_bytes=32)
 
-        self.k, self.v = pool(), pool()
+        # One K and one V pool per layer, each a real-KV source of the FULL group (a TAIL step folds them all).
+        self.k_pools = [pool() for _ in range(layers)]
+        self.v_pools = [pool() for _ in range(layers)]
         swa_cfg = None
         if swa:
             self.lut = torch.arange(n_slots + 1, dtype=torch.int64, device=d)
@@ -106,7 +110,8 @@ class Engine:
             swa_cfg = kc.SwaConfig(num_slots=n_slots, window_size=512, full_to_swa_index_mapping=self.lut,
                                    k_sources=(src(self.swa_k),), v_sources=(src(self.swa_v),))
         self.canary = kc.KVCanary(num_slots=n_slots, max_batch_size=bs, max_tokens_per_step=bs * prefix, device=d,
-                                  k_sources=(src(self.k),), v_sources=(src(self.v),), swa=swa_cfg, mode="quiet",
+                                  k_sources=tuple(map(src, self.k_pools)), v_sources=tuple(map(src, self.v_pools)),
+                                  swa=swa_cfg, mode="quiet",
                                   ring_capacity=1024, watchdog_patience=None)
         rows = torch.arange(1, bs + 1, device=d)
         self.r2t = torch.zeros((bs + 1, prefix + 1), dtype=torch.int32, device=d)
@@ -141,8 +146,9 @@ class Engine:
         """Stand-in KV write: a value derived from token and position at each new slot (K and V pools)."""
         loc = b["out_cache_loc"]
         val = (b["input_ids"] * 31 + b["positions"]).to(torch.int16)[:, None].expand(-1, 16)
-        self.k[loc] = val
-        self.v[loc] = val + 1
+        for k, v in zip(self.k_pools, self.v_pools):
+            k[loc] = val
+            v[loc] = val + 1
         if hasattr(self, "swa_k"):
             self.swa_k[loc] = val
             self.swa_v[loc] = val + 1
@@ -363,6 +369,8 @@ def main(argv=None) -> int:
                     help="steps between device syncs (small: the host never runs far ahead of the GPU)")
     ap.add_argument("--bs", type=int, default=BS)
     ap.add_argument("--prefix", type=int, default=PREFIX)
+    ap.add_argument("--layers", type=int, default=1,
+                    help="K and V real-KV sources per layer, this many layers (a TAIL step checks and folds them all)")
     ap.add_argument("--breakdown", action="store_true",
                     help="CUDA: also time each primitive of a step alone (launch, add_, staging, checks) and the "
                          "step with a null backend in the same process")
@@ -383,7 +391,7 @@ def main(argv=None) -> int:
     what = f"{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else "CPU"
     rows = []
     for label, swa in (("step K+V FULL", False), ("step K+V FULL+SWA", True)):
-        e = Engine(dev, swa=swa, bs=args.bs, prefix=args.prefix)
+        e = Engine(dev, swa=swa, bs=args.bs, prefix=args.prefix, layers=args.layers)
         for _ in range(4):  # warm the path (kernels loaded, staging slots touched)
             e.canary.step("head", **e.batch)
             e.canary.step("tail", **e.batch)
@@ -409,24 +417,31 @@ def main(argv=None) -> int:
         if found and not args.null_backend:
             print(f"FAILED: {label}: {len(found)} violation(s) on a clean workload, e.g. {found[0]}", file=sys.stderr)
             return 1
-        rows.append((label, statistics.median(host), statistics.mean(host), p90(host), gpu))
+        # time_steps alternates HEAD and TAIL, HEAD first
+        rows.append((label, statistics.median(host), statistics.mean(host), p90(host), gpu,
+                     statistics.median(host[0::2]), statistics.median(host[1::2])))
         del e
     if args.null_backend:
         with null_backend(dev.type):
             ver = time_sglang_verify(dev, max(steps, 200))
     else:
         ver = time_sglang_verify(dev, max(steps, 200))
-    rows.append(("verify op (SGLang-named)", statistics.median(ver), statistics.mean(ver), p90(ver), None))
+    rows.append(("verify op (SGLang-named)", statistics.median(ver), statistics.mean(ver), p90(ver), None, None, None))
 
     backend = "null backend (Python only)" if args.null_backend else f"{dev.type} backend"
-    lines = [f"Host time per call, {backend}, {what}, shape A ({args.bs} x {args.prefix}), eager, torch "
+    layers = "" if args.layers == 1 else f", {args.layers} layers (K and V real-KV sources of each)"
+    lines = [f"Host time per call, {backend}, {what}, shape A ({args.bs} x {args.prefix}){layers}, eager, torch "
              f"{torch.__version__}", "",
-             "| case | host µs median | host µs mean | host µs p90 | GPU µs per step | host share |",
-             "|---|---|---|---|---|---|"]
-    for label, med, mean, hi, gpu in rows:
+             "| case | host µs median | host µs mean | host µs p90 | HEAD / TAIL median | GPU µs per step | host share |",
+             "|---|---|---|---|---|---|---|"]
+
+    def opt(x):
+        return "-" if x is None else f"{x:.1f}"
+
+    for label, med, mean, hi, gpu, head, tail in rows:
         share = "-" if gpu is None else f"{100 * med / max(gpu, med):.0f} %"
-        lines.append(f"| {label} | {med:.1f} | {mean:.1f} | {hi:.1f} | {'-' if gpu is None else f'{gpu:.1f}'} | "
-                     f"{share} |")
+        split = "-" if head is None else f"{head:.1f} / {tail:.1f}"
+        lines.append(f"| {label} | {med:.1f} | {mean:.1f} | {hi:.1f} | {split} | {opt(gpu)} | {share} |")
     if args.profile:
         lines += ["", "Host time call by call (cProfile, 200 steps of the K+V FULL case; tottime = the function's own "
                   "time, cumtime = with what it calls; the profiler adds its own overhead per call):", "", "```",

@@ -16,7 +16,7 @@
 #                 name), under compute-sanitizer --tool racecheck
 # 4. bench      - bench/bench_cuda.py (writes $OUT/bench.md)
 # 5. host       - bench/bench_host.py: host time of a KVCanary step (call by call: --profile, --breakdown,
-#                 --attribute) and of one SGLang-named op call
+#                 --attribute) and of one SGLang-named op call, then with --layers 32
 #                 (writes $OUT/bench_host.md)
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
@@ -229,6 +229,16 @@ fi
 if has_part host; then
     OUT="$OUT" run_part host "$T_HOST" "$OUT/bench_host.log" "$PY" bench/bench_host.py --profile --breakdown --attribute
     rc=$?
+    # The same steps with a K and a V real-KV source per layer of a 32-layer model (a TAIL step checks and folds
+    # all 64), appended to bench_host.md.
+    if [[ $rc -eq 0 ]]; then
+        LAYERS_LOG="$(mktemp)"
+        env -u OUT timeout 120 "$PY" bench/bench_host.py --layers 32 --steps 200 >"$LAYERS_LOG" 2>&1 || rc=1
+        { echo; echo "The same with \`--layers 32\`:"; echo; sed -n '/^Host time per call/,$p' "$LAYERS_LOG"; } \
+            >>"$OUT/bench_host.md"
+        cat "$LAYERS_LOG" >>"$OUT/bench_host.log"
+        rm -f "$LAYERS_LOG"
+    fi
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("host|$(result_word $rc)|$PART_SECONDS|-")
 fi
