@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.transformers_gate import tested_transformers
+from support.transformers_gate import require_tested_transformers
 
-tested_transformers()  # skips this module unless the tested version is installed
+require_tested_transformers()  # skips this module unless the tested version is installed
 pytest.importorskip("cupy")
 if not torch.cuda.is_available():  # pragma: no cover - depends on the machine
     pytest.skip("no CUDA GPU", allow_module_level=True)

@@ -18,9 +18,9 @@ import sys
 
 import pytest
 
-from support.transformers_gate import tested_transformers
+from support.transformers_gate import require_tested_transformers
 
-transformers = tested_transformers()  # skips this module unless the tested version is installed
+transformers = require_tested_transformers()  # skips this module unless the tested version is installed
 
 from kvcanary import CanaryLaunchTag as T  # noqa: E402
 from kvcanary import CanaryViolationError  # noqa: E402

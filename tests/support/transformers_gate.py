@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 
-def tested_transformers() -> Any:
+def require_tested_transformers() -> Any:
     """The ``transformers`` module, at module level of a test file; skips the module when transformers is not
     installed or is not the tested version."""
     transformers = pytest.importorskip("transformers", reason="the transformers extra is not installed")
