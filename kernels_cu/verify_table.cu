@@ -31,7 +31,8 @@
 // 32-byte records cost a 64-byte DRAM access each, and the memory system tops out near 2.4 TB/s for them); A
 // (1 M entries) is 34 us eager, 26 us in a graph, where the records sit in L2 and the kernel's own instructions
 // bound it: 14.4 warp instructions per entry (Nsight Compute: 15.1 M per launch), 14.6 us if every scheduler
-// issued on every cycle; measured, the issue slots are 52 % busy. The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
+// issued on every cycle; measured, the issue slots are 52 % busy. The row walk every block repeats costs ~16 B
+// per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //

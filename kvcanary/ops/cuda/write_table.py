@@ -47,6 +47,6 @@ def write_from_table(launch_rec: WriteTableLaunch, stream: Any = None) -> None:
         words = P.WRITE_TABLE.pack(**head, num_contexts=len(group), ctx=contexts_words(group, dev, s))
         groups.append((any(folds_real_kv(c) for c in group), contexts_spec(len(group)), words))
     g = write_table_grid(sm_count(dev))
-    for has_real_kv, n_spec, words in groups:
-        launch(function(dev, "write_table", "kvc_write_from_table", rec.input_assert, has_real_kv, n_spec),
+    for has_real_kv, contexts, words in groups:
+        launch(function(dev, "write_table", "kvc_write_from_table", rec.input_assert, has_real_kv, contexts),
                g.blocks, g.threads, words, dev, s)
