@@ -493,7 +493,8 @@ def _slot_list(rng: np.random.Generator, n: int, num_slots: int, *, unique: bool
     s[k < bad / 2] = -rng.integers(1, 1 << 40, int((k < bad / 2).sum()))
     oor = (k >= bad / 2) & (k < bad)
     s[oor] = num_slots + rng.integers(0, 1 << 40, int(oor.sum()))
-    if bad > 0 and n >= 2:  # at least one entry of each kind
+    if bad > 0:  # at least one entry of each kind, which needs two entries
+        assert n >= 2, f"a slot list with bad entries needs n >= 2, got n={n}"
         i, j = rng.choice(n, 2, replace=False)
         s[i], s[j] = -1, num_slots + int(rng.integers(0, 4))
     return s
