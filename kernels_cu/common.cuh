@@ -381,11 +381,13 @@ __device__ __forceinline__ kvc_i64 kvc_block_exclusive_sum(kvc_i64 v, kvc_i64* s
 
 // The row r (< n) owning entry e, i.e. offsets[r] <= e < offsets[r + 1], for 0 <= e < offsets[n] (rows with
 // no entries never own one). Searches forward from `from` (a row at or before the answer): gallop, then
-// bisect. `offsets` may be in global or shared memory.
-__device__ __forceinline__ kvc_i64 kvc_find_row(const kvc_i64* offsets, kvc_i64 n, kvc_i64 e, kvc_i64 from) {
+// bisect. `offsets` may be in global or shared memory. I: the row index type (int for a shared tile of rows,
+// which saves registers; kvc_i64 for a whole batch).
+template <typename I>
+__device__ __forceinline__ I kvc_find_row(const kvc_i64* offsets, I n, kvc_i64 e, I from) {
     if (offsets[from + 1] > e) return from;
     // Invariant: offsets[lo + 1] <= e; find the first r > lo with offsets[r + 1] > e (r < n).
-    kvc_i64 lo = from, step = 1, hi;
+    I lo = from, step = 1, hi;
     for (;;) {
         hi = lo + step;
         if (hi >= n - 1) {
@@ -397,7 +399,7 @@ __device__ __forceinline__ kvc_i64 kvc_find_row(const kvc_i64* offsets, kvc_i64 
         step <<= 1;
     }
     while (hi - lo > 1) {
-        const kvc_i64 mid = lo + ((hi - lo) >> 1);
+        const I mid = lo + ((hi - lo) >> 1);
         if (offsets[mid + 1] > e) hi = mid;
         else lo = mid;
     }
