@@ -537,6 +537,11 @@ def validate_plan(
                       invalid_rows=invalid_rows)
 
 
+def _write_plan_arrays(plan: WritePlan) -> tuple:
+    """The arrays of a write plan, the key its cached views are kept under (as :func:`_verify_plan_arrays`)."""
+    return (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs)
+
+
 def validate_write(
     *,
     context: Any,
@@ -552,8 +557,7 @@ def validate_write(
     ctx = cached_context_views(context)
     if not isinstance(plan, WritePlan):
         write_plan_views(plan, "plan")  # raises the type error
-    wplan = _PLANS.get(plan, (plan.write_offsets, plan.write_seed_slot_indices, plan.write_num_valid_reqs),
-                       lambda: write_plan_views(plan, "plan"))
+    wplan = _PLANS.get(plan, _write_plan_arrays(plan), lambda: write_plan_views(plan, "plan"))
     ids = array("input_ids", input_ids, "int64")
     n = ids.shape[0]
     pos = array("positions", positions, "int64", length=n)
@@ -570,6 +574,7 @@ _VERIFY_LAUNCHES: dict[tuple[int, int, bool], VerifyLaunch] = {}
 
 
 def _verify_plan_arrays(plan: VerifyPlan) -> tuple:
+    """The arrays of a verify plan, the key its cached views are kept under."""
     return (plan.verify_slot_indices, plan.verify_expected_tokens, plan.verify_expected_positions,
             plan.verify_prev_slot_indices, plan.verify_num_valid, plan.enable)
 
