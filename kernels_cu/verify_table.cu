@@ -34,10 +34,11 @@
 // checks nothing (237 against 221 us; random 32-byte records cost a 64-byte DRAM access each, and the memory
 // system tops out near 2.4 TB/s for them); A (1 M entries) was 34 us eager, 26 us in a graph, bound by the
 // kernel's own instructions: 14.4 warp instructions per entry (Nsight Compute), 52 % of the issue slots busy.
-// By the SASS, about 28 % of them re-found the row of a chunk 270 K entries further on (a gallop of ~130
-// instructions per entry slot and step) and 125 of the ~640 of a step were lane 0's predecessor. The present
-// distribution removes both: a steady step of the NONE kernel is 452 warp instructions for 64 entries (7.1 per
-// entry). Not yet timed on a GPU. The row walk every block repeats costs ~16 B per row from L2
+// Counting the SASS (nvcc 13.0, sm_90) along a step's common path, a static estimate: about 28 % of them
+// re-found the row of a chunk 270 K entries further on (a gallop of ~130 instructions per entry slot and step)
+// and 125 of the ~640 of a step were lane 0's predecessor. The present distribution removes both: a steady step
+// of the one-buffer NONE kernel is about 430 warp instructions for 64 entries (6.75 per entry; 736 for two
+// buffers). Not yet timed on a GPU (the ncu part of tests/gpu/run_all.sh counts the real instructions). The row walk every block repeats costs ~16 B per row from L2
 // (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
