@@ -417,6 +417,13 @@ __device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64
     return (kvc_i64)__ldg(row + p);
 }
 
+// Number of verify entries of a batch row with pool index rp and prefix length `prefix` (SPEC §5, §10).
+__device__ __forceinline__ kvc_i64 kvc_row_verify_len(const KvcTableParams& t, const KvcBatchParams& b, kvc_i64 rp,
+                                                      kvc_i64 prefix) {
+    return kvc_verify_len(kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row), prefix,
+                          b.swa_window_size);
+}
+
 // T(x) (SPEC §5): through the LUT when the launch has one (HAS_LUT is a compile-time flag of the kernel).
 template <bool HAS_LUT>
 __device__ __forceinline__ kvc_i64 kvc_lut_translate(const KvcTableParams& t, kvc_i64 x) {

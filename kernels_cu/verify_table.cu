@@ -38,8 +38,9 @@
 // re-found the row of a chunk 270 K entries further on (a gallop of ~130 instructions per entry slot and step)
 // and 125 of the ~640 of a step were lane 0's predecessor. The present distribution removes both: a steady step
 // of the one-buffer NONE kernel is about 430 warp instructions for 64 entries (6.75 per entry; 736 for two
-// buffers). Not yet timed on a GPU (the ncu part of tests/gpu/run_all.sh counts the real instructions). The row walk every block repeats costs ~16 B per row from L2
-// (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
+// buffers). Not yet timed on a GPU (the ncu part of tests/gpu/run_all.sh counts the real instructions).
+// The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
+// the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //
@@ -203,9 +204,10 @@ __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* r
 
 extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, kvc::kVtMinBlocks)
 kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
-    // The tile's rows, one array so that a row's fields sit at fixed offsets from one address (fewer registers):
-    // the tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them), req_pool_indices, window
-    // starts and, when tokens are checked, the expected-token valid lengths.
+    // The tile's rows, one array so that a row's fields sit at fixed offsets from one address (with four separate
+    // arrays the check-token, real-KV, four-context specializations spill 12 bytes under nvcc 13.0): the
+    // tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them), req_pool_indices, window starts
+    // and, when tokens are checked, the expected-token valid lengths.
     __shared__ kvc_i64 s_rows[3 + KVC_CHECK_TOKEN][kvc::kVtTile + 1];
     kvc_i64* const s_off = s_rows[0];
     kvc_i64* const s_rp = s_rows[1];
@@ -231,9 +233,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     if (!one_tile) {
         kvc_i64 len_sum = 0;
         for (kvc_i64 r = tid; r < b.bs; r += KVC_VT_THREADS) {
-            const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
-            const bool valid = kvc_row_valid(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
-            len_sum += kvc_verify_len(valid && rp != t.pad_row, prefix, b.swa_window_size);
+            len_sum += kvc_row_verify_len(t, b, b.req_pool_indices[r], b.prefix_lens[r]);
         }
         kvc_i64 total;
         kvc_block_exclusive_sum(len_sum, scratch, total);
@@ -251,8 +251,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         kvc_i64 len = 0;
         if (r < b.bs) {
             const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
-            const bool valid = kvc_row_valid(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
-            len = kvc_verify_len(valid && rp != t.pad_row, prefix, b.swa_window_size);
+            len = kvc_row_verify_len(t, b, rp, prefix);
             // i == tid, from the volatile walk state: the compiler then computes these shared addresses here
             // rather than keeping one through the entry loop (some specializations spilled it).
             const int i = (int)(r - s_walk[5]);
@@ -321,7 +320,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                 }
             }
-            // Lane 0 starts from the previous step's last slot (in s_carry when en.nb[0]), then takes lane 31's.
+            // Lane 0 starts from the previous step's last slot (in s_warp when en.nb[0]), then takes lane 31's.
             kvc_i64 slot_carry = (kvc::kVtCarry && lane == 0 && en.nb[0]) ? ws[2] : 0;
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
