@@ -381,11 +381,13 @@ __device__ __forceinline__ kvc_i64 kvc_block_exclusive_sum(kvc_i64 v, kvc_i64* s
 
 // The row r (< n) owning entry e, i.e. offsets[r] <= e < offsets[r + 1], for 0 <= e < offsets[n] (rows with
 // no entries never own one). Searches forward from `from` (a row at or before the answer): gallop, then
-// bisect. `offsets` may be in global or shared memory.
-__device__ __forceinline__ kvc_i64 kvc_find_row(const kvc_i64* offsets, kvc_i64 n, kvc_i64 e, kvc_i64 from) {
+// bisect. `offsets` may be in global or shared memory. I: the row index type (int for a shared tile of rows,
+// which saves registers; kvc_i64 for a whole batch).
+template <typename I>
+__device__ __forceinline__ I kvc_find_row(const kvc_i64* offsets, I n, kvc_i64 e, I from) {
     if (offsets[from + 1] > e) return from;
     // Invariant: offsets[lo + 1] <= e; find the first r > lo with offsets[r + 1] > e (r < n).
-    kvc_i64 lo = from, step = 1, hi;
+    I lo = from, step = 1, hi;
     for (;;) {
         hi = lo + step;
         if (hi >= n - 1) {
@@ -397,7 +399,7 @@ __device__ __forceinline__ kvc_i64 kvc_find_row(const kvc_i64* offsets, kvc_i64 
         step <<= 1;
     }
     while (hi - lo > 1) {
-        const kvc_i64 mid = lo + ((hi - lo) >> 1);
+        const I mid = lo + ((hi - lo) >> 1);
         if (offsets[mid + 1] > e) hi = mid;
         else lo = mid;
     }
@@ -413,6 +415,13 @@ __device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64
         return kvc_rt_paged((kvc_i64)__ldg(row + col), rem, t.block_size);
     }
     return (kvc_i64)__ldg(row + p);
+}
+
+// Number of verify entries of a batch row with pool index rp and prefix length `prefix` (SPEC §5, §10).
+__device__ __forceinline__ kvc_i64 kvc_row_verify_len(const KvcTableParams& t, const KvcBatchParams& b, kvc_i64 rp,
+                                                      kvc_i64 prefix) {
+    return kvc_verify_len(kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row), prefix,
+                          b.swa_window_size);
 }
 
 // T(x) (SPEC §5): through the LUT when the launch has one (HAS_LUT is a compile-time flag of the kernel).

@@ -75,9 +75,7 @@ extern "C" __global__ void __launch_bounds__(KVC_SCAN_THREADS) kvc_plan_verify_o
     const KvcTableParams& t = p.table;
     const KvcBatchParams& b = p.batch;
     const kvc_i64 carry = kvc_block_row_offsets(b.bs, scratch, p.write_offsets, [&](kvc_i64 r) {
-        const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
-        return kvc_verify_len(kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row), prefix,
-                              b.swa_window_size);
+        return kvc_row_verify_len(t, b, b.req_pool_indices[r], b.prefix_lens[r]);
     });
     if (threadIdx.x == 0) {
         p.write_offsets[b.bs] = carry;

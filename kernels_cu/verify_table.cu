@@ -5,42 +5,50 @@
 // tokens: check_verify_expected_token and a pool given), KVC_HAS_REAL_KV (some context folds real KV, from its
 // device descriptor table of any number of sources), KVC_CONTEXTS (1, 2 or 4: the most contexts a launch passes;
 // the context loop is unrolled that far, as in write_table.cu, so each context's parameters are read from fixed
-// constant-bank offsets, not through a register index; one context: 56 registers instead of 64, same time on an
-// H200). One parameter: KvcVerifyTableParams, with 1 to KVC_CONTEXTS contexts that share the table (K and V of a
-// group: the table is walked once for all).
+// constant-bank offsets, not through a register index; fewer registers with fewer contexts). One parameter:
+// KvcVerifyTableParams, with 1 to KVC_CONTEXTS contexts that share the table (K and V of a group: the table is
+// walked once for all).
 //
 // Work distribution (no plan, no scratch, a grid fixed by the SM count). The entries of the batch are numbered
-// request by request, position by position, as §5 lays them out, and cut into chunks of kvc::kVtUnroll *
-// KVC_VT_THREADS entries; block b takes chunks b, b + G, b + 2G, ... Every block walks the rows in tiles of
-// KVC_VT_THREADS rows (one per thread: pool index, prefix; a block-wide exclusive sum of the rows' entry counts
-// gives the tile's offsets in shared memory), and processes the part of each of its chunks that falls in the
-// tile: thread t takes entries lo + t, lo + t + KVC_VT_THREADS, ..., finds its row by a galloping search over
-// the tile's offsets from its previous row (usually one comparison: consecutive entries share a row) and its
-// position from the row's window start. So consecutive lanes read consecutive table entries (coalesced), the
-// active counts are read on the device, and every chunk's share is fixed before any entry is read.
+// request by request, position by position, as §5 lays them out. Every block first learns the batch total E (the
+// scan of its one tile of rows, or, with more than KVC_VT_THREADS rows, a walk over all rows first) and cuts E
+// into one contiguous range per warp of the grid (kvc_vt_ranges: equal sizes, a multiple of a warp's step).
+// Blocks then walk the rows in tiles of KVC_VT_THREADS rows (one per thread: pool index, prefix; a block-wide
+// exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp steps through
+// its range's part of the tile, kvc::kVtUnroll * 32 consecutive entries per step: lane l takes entries
+// base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
+// one comparison) and its position from the row's window start. So lanes read consecutive table entries
+// (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
 //
 // Bytes per entry (shuffled pool, NONE): 4 B of table (a 128-byte line per 32 lanes) + the slot's 32-byte record;
-// the predecessor's record is the neighbouring lane's: lane l computes slot_hash of its own record and passes it
-// to lane l + 1 with a shuffle (and its slot, which is the next entry's prev). Only lane 0 of a warp and the
-// first entry of a window load their predecessor themselves (table entry, likely a cache hit, and 24 bytes of
-// record): about 1/32 of the entries. PARTIAL adds one 32-byte sector of real KV per entry per source (its first
-// 16 bytes are loaded together with the record, so both latencies overlap). With several contexts the row
-// mapping, table, LUT and pool reads are done once; each context adds its record (and KV) reads.
-// Numbers (H200, shuffled pool, docs/BENCHMARKS.md): B (8.4 M entries) runs within 7 % of a bare kernel that
-// reads the same table entries and records in the same order and checks nothing (237 against 221 us; random
-// 32-byte records cost a 64-byte DRAM access each, and the memory system tops out near 2.4 TB/s for them); A
-// (1 M entries) is 34 us eager, 26 us in a graph, where the records sit in L2 and the kernel's own instructions
-// bound it: 14.4 warp instructions per entry (Nsight Compute: 15.1 M per launch), 14.6 us if every scheduler
-// issued on every cycle; measured, the issue slots are 52 % busy. The row walk every block repeats costs ~16 B
-// per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of the bytes).
+// the predecessor's record is the neighbouring entry's: lane l computes slot_hash of its own record and passes it
+// (and its slot, the next entry's prev) to lane l + 1 with a shuffle; lane 0 takes lane 31's of the previous u,
+// or, without real KV, of the warp's previous step (kept in shared memory by lane 0). So only a warp's first entry
+// in a tile and a row's first entry load their predecessor themselves (table entry and 24 bytes of record).
+// PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
+// the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
+// done once; each context adds its record (and KV) reads.
+// Numbers (H200, shuffled pool, docs/BENCHMARKS.md), measured with the earlier distribution (block b took chunks
+// b, b + G, ... of 512 entries, and lane 0 of every warp looked up its predecessor at every step): B (8.4 M
+// entries) ran within 7 % of a bare kernel that reads the same table entries and records in the same order and
+// checks nothing (237 against 221 us; random 32-byte records cost a 64-byte DRAM access each, and the memory
+// system tops out near 2.4 TB/s for them); A (1 M entries) was 34 us eager, 26 us in a graph, bound by the
+// kernel's own instructions: 14.4 warp instructions per entry (Nsight Compute), 52 % of the issue slots busy.
+// Counting the SASS (nvcc 13.0, sm_90) along a step's common path, a static estimate: about 28 % of them
+// re-found the row of a chunk 270 K entries further on (a gallop of ~130 instructions per entry slot and step)
+// and 125 of the ~640 of a step were lane 0's predecessor. The present distribution removes both: a steady step
+// of the one-buffer NONE kernel is about 430 warp instructions for 64 entries (6.75 per entry; 736 for two
+// buffers). Not yet timed on a GPU (the ncu part of tests/gpu/run_all.sh counts the real instructions).
+// The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
+// the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
 // hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
-// (one atomicAdd per warp, step and context). Block 0, which walks every row, adds the counters at the end
-// (kernel_run_counter += 1, slot_run_counter += the number of entries, per context), sets invalid_rows and adds
-// the same count to invalid_rows_total (a canary's running count, so it needs no extra op per step).
+// (one atomicAdd per warp, step and context). Block 0 walks every row once more at the end to count the invalid
+// ones and adds the counters (kernel_run_counter += 1, slot_run_counter += E, per context), sets invalid_rows and
+// adds the same count to invalid_rows_total (a canary's running count, so it needs no extra op per step).
 //
 // Rows, windows, RT(), T(), expected tokens and bounds (SPEC §5, §9, §10) as the reference: an invalid or
 // padding row has no entries; slot 0 entries are skipped; an entry whose slot is outside [0, num_slots) or not
@@ -81,7 +89,12 @@ constexpr int kVtUnroll = KVC_HAS_REAL_KV ? KVC_VT_UNROLL_REAL_KV : KVC_VT_UNROL
 constexpr int kVtFoldLoads = 2;  // loads in flight per real-KV fold batch (ALL mode)
 #endif
 constexpr int kVtTile = KVC_VT_THREADS;                         // rows per tile: one per thread
-constexpr kvc_i64 kVtChunk = (kvc_i64)kVtUnroll * KVC_VT_THREADS;  // entries per chunk: one block step
+constexpr int kVtWarpStep = kVtUnroll * kWarpSize;                 // entries per warp per step
+constexpr int kVtWarps = KVC_VT_THREADS / kWarpSize;              // warps per block
+// Whether lane 0 takes its first entry's predecessor from the warp's previous step (through shared memory) rather
+// than looking it up. Without real KV that saves a third of the instructions; with it (one entry per lane per
+// step, bound by the KV reads) the registers it costs made some specializations spill.
+constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 }  // namespace kvc
 
 // The shared (context-independent) part of a step's entries.
@@ -95,7 +108,10 @@ struct KvcVtEntries {
 };
 
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
-__device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const KvcVtEntries& en) {
+// *hash_carry (lane 0 only, warp-private shared memory): slot_hash of the last entry of the warp's previous step,
+// the predecessor of this step's first entry when en.nb[0] holds on lane 0; left holding this step's last.
+__device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const KvcVtEntries& en,
+                                               volatile kvc_i64* hash_carry_smem) {
     const unsigned char* canary = x.canary;
     const kvc_i64 stride = x.slot_stride, num_slots = x.num_slots, limit = x.slot_limit;
     const bool vec16 = kvc_records_vec16(canary, stride);
@@ -121,12 +137,17 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #endif
     }
     const KvcLog log = kvc_log_of(x);
+    const int lane = (int)(threadIdx.x & 31);
+    kvc_i64 hash_carry = 0;  // lane 0: slot_hash of entry (u - 1, lane 31), or of the previous step's last
+    if (kvc::kVtCarry && lane == 0 && en.nb[0]) hash_carry = *hash_carry_smem;
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_i64 s = en.slot[u], prev = en.prev[u];
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
-        const kvc_i64 from_prev_lane = __shfl_up_sync(kvc::kFullMask, h, 1);
+        const kvc_i64 rotated = __shfl_sync(kvc::kFullMask, h, (lane + kvc::kWarpSize - 1) & 31);
+        const kvc_i64 from_prev_lane = lane > 0 ? rotated : hash_carry;  // lane 0: entry (u - 1, lane 31)'s
+        hash_carry = rotated;
         const bool live = en.act[u] && s != kvc::TOKEN_TO_KV_SLOT_PADDING;
         const bool oor = live && kvc_verify_out_of_range(s, prev, num_slots, limit);
         kvc_i64 bits = 0, expected_chain = 0;
@@ -156,76 +177,140 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
             if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
         }
         const bool want = oor || bits != 0;
-        kvc_append_row_warp(log, want, s, oor ? en.pos[u] : spos[u], oor ? kvc::NO_SLOT : tok[u], en.exp_tok[u],
-                            oor ? 0 : hash[u], oor ? prev : expected_chain,
-                            oor ? (kvc_i64)kvc::SLOT_OUT_OF_RANGE : bits);
+        // Rows are rare: the row's fields are selected only in a warp that has one.
+        if (__any_sync(kvc::kFullMask, want))
+            kvc_append_row_warp(log, want, s, oor ? en.pos[u] : spos[u], oor ? kvc::NO_SLOT : tok[u], en.exp_tok[u],
+                                oor ? 0 : hash[u], oor ? prev : expected_chain,
+                                oor ? (kvc_i64)kvc::SLOT_OUT_OF_RANGE : bits);
     }
+    if (kvc::kVtCarry && lane == 0) *hash_carry_smem = hash_carry;  // lane 31's last: the next step's predecessor
+}
+
+// The batch's `total` entries are cut into one contiguous range per warp of the grid, `per` entries each (a
+// multiple of a warp's step; the last ranges may be short or empty): warp w of block b takes
+// [(b * warps_per_block + w) * per, + per) clipped to total. Thread 0 writes range[0..3] = per, this block's
+// start and end (its warps' ranges together), total (the caller synchronizes); kept in shared memory, not in
+// registers, through the loop (the entry loop needs every register it can get).
+__device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* range) {
+    const kvc_i64 warps = (kvc_i64)gridDim.x * kvc::kVtWarps;
+    kvc_i64 per, rem;
+    kvc_divmod(total + warps - 1, warps, per, rem);
+    per = (per + kvc::kVtWarpStep - 1) / kvc::kVtWarpStep * kvc::kVtWarpStep;
+    range[0] = per;
+    range[1] = kvc_min64((kvc_i64)blockIdx.x * kvc::kVtWarps * per, total);
+    range[2] = kvc_min64(range[1] + kvc::kVtWarps * per, total);
+    range[3] = total;
 }
 
 extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, kvc::kVtMinBlocks)
 kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
-    __shared__ kvc_i64 s_off[kvc::kVtTile + 1];  // tile-local exclusive offsets of the rows' entries
-    __shared__ kvc_i64 s_rp[kvc::kVtTile];       // req_pool_indices
-    __shared__ kvc_i64 s_ws[kvc::kVtTile];       // window start
+    // The tile's rows, one array so that a row's fields sit at fixed offsets from one address (with four separate
+    // arrays the check-token, real-KV, four-context specializations spill 12 bytes under nvcc 13.0): the
+    // tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them), req_pool_indices, window starts
+    // and, when tokens are checked, the expected-token valid lengths.
+    __shared__ kvc_i64 s_rows[3 + KVC_CHECK_TOKEN][kvc::kVtTile + 1];
+    kvc_i64* const s_off = s_rows[0];
+    kvc_i64* const s_rp = s_rows[1];
+    kvc_i64* const s_ws = s_rows[2];
 #if KVC_CHECK_TOKEN
-    __shared__ kvc_i64 s_vlen[kvc::kVtTile];     // expected-token valid lengths
+    kvc_i64* const s_vlen = s_rows[3];
 #endif
     __shared__ kvc_i64 scratch[kvc::kScanScratch];
+    // Block-uniform walk state (thread 0 writes it): [0..3] as kvc_vt_ranges, [4] the entries of the rows before
+    // the tile, [5] the tile's first row.
+    volatile __shared__ kvc_i64 s_walk[6];  // volatile: re-read where needed, never held in registers
+    // Warp-private: [0, 1] the warp's entries [lo, hi) in the tile (written by lane 0, re-read every step so they
+    // need no registers through it); [2] the slot and [3 + c] context c's slot_hash of the warp's previous step's
+    // last entry (lane 0 writes and reads them).
+    __shared__ kvc_i64 s_warp[kvc::kVtWarps][3 + KVC_CONTEXTS];
 
     const KvcTableParams& t = p.table;
     const KvcBatchParams& b = p.batch;
     const int nctx = (int)p.num_contexts;
-    const int tid = (int)threadIdx.x, lane = tid & 31;
-    const kvc_i64 grid_stride = kvc::kVtChunk * gridDim.x;
-    kvc_i64 next = (kvc_i64)blockIdx.x * kvc::kVtChunk;  // first entry of this block's next chunk
-    kvc_i64 carry = 0;                                      // entries of the rows before the tile
-    kvc_i64 invalid = 0;                                    // invalid rows this thread saw
+    const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    // With one tile of rows its scan gives the batch total; with more, a first walk over every row does.
+    const bool one_tile = b.bs <= kvc::kVtTile;
+    if (!one_tile) {
+        kvc_i64 len_sum = 0;
+        for (kvc_i64 r = tid; r < b.bs; r += KVC_VT_THREADS) {
+            len_sum += kvc_row_verify_len(t, b, b.req_pool_indices[r], b.prefix_lens[r]);
+        }
+        kvc_i64 total;
+        kvc_block_exclusive_sum(len_sum, scratch, total);
+        if (tid == 0) kvc_vt_ranges(total, s_walk);  // read after the barrier below
+    }
+    if (tid == 0) {
+        s_walk[4] = s_walk[5] = 0;
+        if (b.bs == 0) kvc_vt_ranges(0, s_walk);  // no tile sets them
+    }
 
-    for (kvc_i64 tile = 0; tile < b.bs; tile += kvc::kVtTile) {
-        const kvc_i64 r = tile + tid;
+    for (;;) {
+        __syncthreads();  // the walk state; and the previous tile's shared rows are read until here
+        if (s_walk[5] >= b.bs || (s_walk[5] > 0 && s_walk[4] >= s_walk[2])) break;  // no rows or entries left
+        const kvc_i64 r = s_walk[5] + tid;
         kvc_i64 len = 0;
         if (r < b.bs) {
             const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
-            const bool valid = kvc_row_valid(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
-            invalid += valid ? 0 : 1;
-            len = kvc_verify_len(valid && rp != t.pad_row, prefix, b.swa_window_size);
-            s_rp[tid] = rp;
-            s_ws[tid] = kvc_window_start(prefix, b.swa_window_size);
+            len = kvc_row_verify_len(t, b, rp, prefix);
+            // i == tid, from the volatile walk state: the compiler then computes these shared addresses here
+            // rather than keeping one through the entry loop (some specializations spilled it).
+            const int i = (int)(r - s_walk[5]);
+            s_rp[i] = rp;
+            s_ws[i] = kvc_window_start(prefix, b.swa_window_size);
 #if KVC_CHECK_TOKEN
-            s_vlen[tid] = b.valid_lens[r];
+            s_vlen[i] = b.valid_lens[r];
 #endif
         }
         // Rows past bs have no entries, so their offsets equal the tile total and no search selects them.
         kvc_i64 tile_total;
         s_off[tid] = kvc_block_exclusive_sum(len, scratch, tile_total);
-        if (tid == 0) s_off[kvc::kVtTile] = tile_total;
+        if (tid == 0) {
+            s_off[kvc::kVtTile] = tile_total;
+            if (one_tile) kvc_vt_ranges(tile_total, s_walk);
+        }
         __syncthreads();
-
-        const kvc_i64 tile_end = carry + tile_total;
-        kvc_i64 hint = 0;  // this thread's last row in the tile (its entries only move forward)
-        while (next < tile_end) {  // block-uniform
-            const kvc_i64 lo = kvc_max64(next, carry), hi = kvc_min64(next + kvc::kVtChunk, tile_end);
+        // This warp's entries in the tile, tile-local (an entry's index minus carry): [lo, hi).
+        volatile kvc_i64* const wr = s_warp[warp];
+        if (lane == 0) {
+            const kvc_i64 carry = s_walk[4], per = s_walk[0], wstart = kvc_min64(s_walk[1] + warp * per, s_walk[2]);
+            wr[0] = kvc_max64(wstart - carry, 0);
+            wr[1] = kvc_min64(kvc_min64(wstart + per, s_walk[2]) - carry, tile_total);
+        }
+        __syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])
+        if (tid == 0) {
+            s_walk[4] = s_walk[4] + tile_total;
+            s_walk[5] = s_walk[5] + kvc::kVtTile;
+        }
+        int hint = 0;  // this thread's last row in the tile (its entries only move forward)
+        // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
+        // is lane 31's of u - 1 or of the warp's previous step (kept in s_warp), so only the warp's first
+        // entry in the tile and the rows' first entries look their predecessor up.
+        for (kvc_i64 base = wr[0];; base += kvc::kVtWarpStep) {  // warp-uniform
+            // The warp's row of s_warp, addressed from threadIdx afresh (cheaper than a register kept through the
+            // step, which some specializations spilled).
+            volatile kvc_i64* const ws = s_warp[threadIdx.x >> 5];
+            const kvc_i64 lo = ws[0], hi = ws[1];
+            if (base >= hi) break;
             KvcVtEntries en;
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                const kvc_i64 e = lo + (kvc_i64)u * KVC_VT_THREADS + tid;
-                en.act[u] = e < hi;
+                const kvc_i64 el = base + (kvc_i64)(u * kvc::kWarpSize + lane);
+                en.act[u] = el < hi;
                 en.nb[u] = false;
                 en.slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;
                 en.prev[u] = en.pos[u] = 0;
                 en.exp_tok[u] = kvc::NO_SLOT;
                 if (en.act[u]) {
-                    const kvc_i64 el = e - carry;
-                    const kvc_i64 row = kvc_find_row(s_off, kvc::kVtTile, el, hint);
+                    const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
                     hint = row;
                     const kvc_i64 rp = s_rp[row], first = s_off[row];
                     const kvc_i64 pos = s_ws[row] + (el - first);
                     en.pos[u] = pos;
                     en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos));
-                    // Lane - 1 holds entry e - 1 (same step): it is this entry's predecessor unless e starts the
-                    // row's entries. A window's first entry keeps its real predecessor (windows do not restart
+                    // Entry el - 1 (this warp's: it lies in [lo, el)) is this entry's predecessor unless el starts
+                    // the row's entries. A window's first entry keeps its real predecessor (windows do not restart
                     // the chain); position 0 is a chain head.
-                    en.nb[u] = lane > 0 && el > first;
+                    en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (!en.nb[u])
                         en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos - 1))
                                              : kvc::NO_SLOT;
@@ -235,22 +320,26 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                 }
             }
+            // Lane 0 starts from the previous step's last slot (in s_warp when en.nb[0]), then takes lane 31's.
+            kvc_i64 slot_carry = (kvc::kVtCarry && lane == 0 && en.nb[0]) ? ws[2] : 0;
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                const kvc_i64 s = __shfl_up_sync(kvc::kFullMask, en.slot[u], 1);
-                if (en.nb[u]) en.prev[u] = s;
+                const kvc_i64 s = __shfl_sync(kvc::kFullMask, en.slot[u], (lane + kvc::kWarpSize - 1) & 31);
+                if (en.nb[u]) en.prev[u] = lane > 0 ? s : slot_carry;
+                slot_carry = s;
             }
+            if (kvc::kVtCarry && lane == 0) ws[2] = slot_carry;
 #pragma unroll
             for (int c = 0; c < KVC_CONTEXTS; ++c)  // the launcher never passes more (specs.contexts_spec)
-                if (c < nctx) kvc_vt_context(p.ctx[c], en);  // block-uniform condition
-            if (next + kvc::kVtChunk > tile_end) break;  // the chunk continues in the next tile
-            next += grid_stride;
+                if (c < nctx) kvc_vt_context(p.ctx[c], en, &ws[3 + c]);  // block-uniform condition
         }
-        carry = tile_end;
-        __syncthreads();  // the tile's shared rows are read until here
     }
 
-    if (blockIdx.x == 0) {  // block 0 walked every row: it knows the totals
+    if (blockIdx.x == 0) {  // block 0 counts the invalid rows and adds the counters
+        kvc_i64 invalid = 0;
+        for (kvc_i64 r = tid; r < b.bs; r += KVC_VT_THREADS)
+            invalid += kvc_row_valid(b.req_pool_indices[r], b.prefix_lens[r], t.max_reqs, t.max_seq_len, t.pad_row)
+                           ? 0 : 1;
         kvc_i64 invalid_total;
         kvc_block_exclusive_sum(invalid, scratch, invalid_total);
         if (tid == 0) {
@@ -258,7 +347,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             for (int c = 0; c < KVC_CONTEXTS; ++c) {
                 if (c < nctx) {
                     kvc_counter_add(p.ctx[c].kernel_run_counter, 1);
-                    if (carry > 0) kvc_counter_add(p.ctx[c].slot_run_counter, carry);
+                    if (s_walk[3] > 0) kvc_counter_add(p.ctx[c].slot_run_counter, s_walk[3]);
                 }
             }
             if (b.invalid_rows != nullptr) *b.invalid_rows = (int)invalid_total;

@@ -388,16 +388,39 @@ __device__ __forceinline__ void kvc_write_block_request(const Cx& cx, const KvcT
     }
 }
 
-// slot_run_counter += the stamped slots of each context: one atomic per warp and context. Every lane of every
-// warp calls it (at the end of the kernel, after warp-uniform loops).
-template <int NC, class Cx>
+// slot_run_counter += the stamped slots of each context. Every lane of every warp calls it (at the end of the
+// kernel, after warp-uniform loops). BLOCK_WARPS == 0: one atomic per warp and context. Otherwise the block's
+// BLOCK_WARPS warps first sum in shared memory (it holds a __syncthreads: every thread of the block calls it)
+// and one thread per context adds: a decode batch stamps one slot per request and warp, so this turns bs
+// same-address atomics per context into at most one per block.
+template <int NC, int BLOCK_WARPS = 0, class Cx>
 __device__ __forceinline__ void kvc_write_count_stamps(const Cx& cx, const kvc_i64 (&stamped)[NC]) {
     const int lane = (int)(threadIdx.x & 31);
     const int nctx = cx.count();
     __syncwarp();
+    kvc_i64 total[NC];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const kvc_i64 total = kvc_warp_inclusive_sum(stamped[c]);
-        if (c < nctx && lane == kvc::kWarpSize - 1 && total != 0) kvc_counter_add(cx.ctx(c).slot_run_counter, total);
+    for (int c = 0; c < NC; ++c) total[c] = kvc_warp_inclusive_sum(stamped[c]);  // lane 31: the warp's sum
+    if (BLOCK_WARPS == 0) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c)
+            if (c < nctx && lane == kvc::kWarpSize - 1 && total[c] != 0)
+                kvc_counter_add(cx.ctx(c).slot_run_counter, total[c]);
+        return;
+    }
+    __shared__ kvc_i64 s_stamped[BLOCK_WARPS > 0 ? BLOCK_WARPS : 1][NC];
+    const int tid = (int)threadIdx.x;
+    if (lane == kvc::kWarpSize - 1) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) s_stamped[tid >> 5][c] = total[c];
+    }
+    __syncthreads();
+    if (tid < nctx) {
+        kvc_i64 sum = 0;
+#pragma unroll
+        for (int w = 0; w < BLOCK_WARPS; ++w) sum += s_stamped[w][tid];
+#pragma unroll
+        for (int c = 0; c < NC; ++c)  // context c's parameters from a fixed offset, not a register index
+            if (c == tid && sum != 0) kvc_counter_add(cx.ctx(c).slot_run_counter, sum);
     }
 }

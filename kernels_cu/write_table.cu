@@ -206,29 +206,5 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         kvc_block_exclusive_sum(invalid, scratch, invalid_total);
         if (tid == 0) *b.invalid_rows = (int)invalid_total;
     }
-#if KVC_WT_BLOCK_STAMPS
-    {
-        // A decode batch stamps one slot per request and warp: summing per block first turns bs same-address
-        // atomics per context into at most one per block.
-        __shared__ kvc_i64 s_stamped[kvc::kWtWarps][NC];
-        const int lane = tid & 31;
-        __syncwarp();
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const kvc_i64 total = kvc_warp_inclusive_sum(stamped[c]);
-            if (lane == kvc::kWarpSize - 1) s_stamped[warp][c] = total;
-        }
-        __syncthreads();
-        if (tid < nctx) {
-            kvc_i64 sum = 0;
-#pragma unroll
-            for (int w = 0; w < kvc::kWtWarps; ++w) sum += s_stamped[w][tid];
-#pragma unroll
-            for (int c = 0; c < NC; ++c)
-                if (c == tid && sum != 0) kvc_counter_add(p.ctx[c].slot_run_counter, sum);
-        }
-    }
-#else
-    kvc_write_count_stamps<NC>(cx, stamped);
-#endif
+    kvc_write_count_stamps<NC, KVC_WT_BLOCK_STAMPS ? kvc::kWtWarps : 0>(cx, stamped);
 }

@@ -118,11 +118,14 @@ def test_verify_table_matches_reference(cuda_ready, block_size, window, pad_row)
     assert rows > 0  # the corrupted records and bad table values were reported
 
 
-def test_verify_table_many_rows_and_long_prefixes(cuda_ready):
-    """More rows than one tile of the kernel (256) and prefixes spanning many chunks of a block."""
-    rng = rng_for("verify_table-big")
-    b, cases = setup(rng, block_size=16, window=0, pad_row=0, n_contexts=2, n_active=size(600, 300),
-                     max_blocks=size(64, 8), n_sources=1, mode=Mode.PARTIAL)
+@pytest.mark.parametrize("mode, n_active, max_blocks", [(Mode.PARTIAL, 600, 64), (Mode.NONE, 300, 256)])
+def test_verify_table_many_rows_and_long_prefixes(cuda_ready, mode, n_active, max_blocks):
+    """More rows than one tile of the kernel (256), so it walks all rows for the total first, and prefixes long
+    enough that a warp's range spans several steps (NONE: about 600 K entries, over 100 per warp of an H200's
+    grid, so lane 0 takes its predecessor from the warp's previous step)."""
+    rng = rng_for("verify_table-big", mode)
+    b, cases = setup(rng, block_size=16, window=0, pad_row=0, n_contexts=2, n_active=size(n_active, 300),
+                     max_blocks=size(max_blocks, 8), n_sources=1, mode=mode)
     _, rows = run_verify_table(b, cases, paged=True, rng=rng)
     assert rows > 0
 

@@ -108,14 +108,19 @@ def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mod
     assert emu.modules("verify_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-def test_verify_table_emulated_many_rows(emu):
-    """More rows than a tile (256) and entries spread over several blocks' chunks."""
-    rng = rng_for("emu-verify_table-rows")
-    b, cases = _setup(rng, block_size=2, window=0, pad_row=0, n_contexts=1, n_sources=0, mode=Mode.NONE,
-                      n_active=300, max_blocks=4)
+@pytest.mark.parametrize("n_active, block_size, max_blocks", [(300, 2, 4), (700, 4, 6)])
+def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks):
+    """More rows than a tile (256), so the kernel first walks every row for the batch total; each block's share
+    of the entries crosses tiles, and (the second case: about 8000 entries over 4 blocks) takes several steps."""
+    rng = rng_for("emu-verify_table-rows", n_active)
+    b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=1, n_sources=0, mode=Mode.NONE,
+                      n_active=n_active, max_blocks=max_blocks)
+    inv = random_bytes(rng, (1,), torch.int32)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
-                    lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(True)), (b, cases))
+                    lambda s: dict(contexts=(s[1][0].context(),), invalid_rows_out=s[2], **s[0].verify_kwargs(True)),
+                    (b, cases, inv))
     assert _compare(ref[1], got[1]) > 0
+    assert_same_bytes(ref[2], got[2], "invalid_rows_out")
 
 
 # ----------------------------------------------------------------------------------------------- write

@@ -117,6 +117,9 @@ inline unsigned __ballot_sync(unsigned, int pred) {
     w.bar->arrive_and_wait();
     return r;
 }
+
+// Every lane of the warp takes part (a full mask), as in the kernels.
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline unsigned __match_any_sync(unsigned, unsigned long long key) {
     EmuWarp& w = emu_warp();
     w.buf[emu_lane()] = key;

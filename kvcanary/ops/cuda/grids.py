@@ -68,7 +68,7 @@ def write_grid(write_req_capacity: int, sms: int) -> Grid:
 @cache
 def verify_table_grid(has_real_kv: bool, sms: int) -> Grid:
     """Plan-free verify (SPEC §11): this many blocks per SM whatever the batch (every block walks the rows and
-    takes its chunks of the entries)."""
+    takes its warps' ranges of the entries)."""
     threads = int_define("verify_table.cu", "KVC_VT_THREADS")
     per_sm = int_define("verify_table.cu", "KVC_VT_BLOCKS_PER_SM_REAL_KV" if has_real_kv else "KVC_VT_BLOCKS_PER_SM")
     return Grid(max(1, per_sm * sms), threads)
