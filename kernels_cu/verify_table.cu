@@ -91,9 +91,11 @@ constexpr int kVtFoldLoads = 2;  // loads in flight per real-KV fold batch (ALL 
 constexpr int kVtTile = KVC_VT_THREADS;                         // rows per tile: one per thread
 constexpr int kVtWarpStep = kVtUnroll * kWarpSize;                 // entries per warp per step
 constexpr int kVtWarps = KVC_VT_THREADS / kWarpSize;              // warps per block
-// Whether lane 0 takes its first entry's predecessor from the warp's previous step (through shared memory) rather
-// than looking it up. Without real KV that saves a third of the instructions; with it (one entry per lane per
-// step, bound by the KV reads) the registers it costs made some specializations spill.
+// How a warp's steps are laid out. Without real KV (bound by instructions at A): one contiguous range per warp,
+// and lane 0 takes its first entry's predecessor from the warp's previous step (through shared memory) rather
+// than looking it up, which saves a third of the instructions. With real KV (bound by the random KV and record
+// reads): steps grid-strided, warp g of G taking steps g, g + G, ..., so the whole grid sweeps the batch in one
+// window, as the bare-read floor does; per-warp ranges made B PARTIAL 22-35 % slower (docs/BENCHMARKS.md).
 constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 }  // namespace kvc
 
@@ -192,6 +194,12 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 // start and end (its warps' ranges together), total (the caller synchronizes); kept in shared memory, not in
 // registers, through the loop (the entry loop needs every register it can get).
 __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* range) {
+    if (!kvc::kVtCarry) {  // grid-strided steps: every block's share spans the batch
+        range[0] = 0;
+        range[1] = 0;
+        range[2] = range[3] = total;
+        return;
+    }
     const kvc_i64 warps = (kvc_i64)gridDim.x * kvc::kVtWarps;
     kvc_i64 per, rem;
     kvc_divmod(total + warps - 1, warps, per, rem);
@@ -272,9 +280,20 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         // This warp's entries in the tile, tile-local (an entry's index minus carry): [lo, hi).
         volatile kvc_i64* const wr = s_warp[warp];
         if (lane == 0) {
-            const kvc_i64 carry = s_walk[4], per = s_walk[0], wstart = kvc_min64(s_walk[1] + warp * per, s_walk[2]);
-            wr[0] = kvc_max64(wstart - carry, 0);
-            wr[1] = kvc_min64(kvc_min64(wstart + per, s_walk[2]) - carry, tile_total);
+            const kvc_i64 carry = s_walk[4];
+            if (kvc::kVtCarry) {
+                const kvc_i64 per = s_walk[0], wstart = kvc_min64(s_walk[1] + warp * per, s_walk[2]);
+                wr[0] = kvc_max64(wstart - carry, 0);
+                wr[1] = kvc_min64(kvc_min64(wstart + per, s_walk[2]) - carry, tile_total);
+            } else {
+                // The first of this warp's steps g + k * G that ends past `carry`; it may have begun in the previous
+                // tile (a negative tile-local start: its entries below 0 are inactive here).
+                const kvc_i64 warps = (kvc_i64)gridDim.x * kvc::kVtWarps;
+                const kvc_i64 g = (kvc_i64)blockIdx.x * kvc::kVtWarps + warp, first = carry / kvc::kVtWarpStep;
+                const kvc_i64 k = first > g ? (first - g + warps - 1) / warps : 0;
+                wr[0] = (g + k * warps) * kvc::kVtWarpStep - carry;
+                wr[1] = tile_total;
+            }
         }
         __syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])
         if (tid == 0) {
@@ -285,7 +304,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
         // is lane 31's of u - 1 or of the warp's previous step (kept in s_warp), so only the warp's first
         // entry in the tile and the rows' first entries look their predecessor up.
-        for (kvc_i64 base = wr[0];; base += kvc::kVtWarpStep) {  // warp-uniform
+        const kvc_i64 advance = kvc::kVtCarry ? kvc::kVtWarpStep : (kvc_i64)gridDim.x * kvc::kVtWarps * kvc::kVtWarpStep;
+        for (kvc_i64 base = wr[0];; base += advance) {  // warp-uniform
             // The warp's row of s_warp, addressed from threadIdx afresh (cheaper than a register kept through the
             // step, which some specializations spilled).
             volatile kvc_i64* const ws = s_warp[threadIdx.x >> 5];
@@ -295,7 +315,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
                 const kvc_i64 el = base + (kvc_i64)(u * kvc::kWarpSize + lane);
-                en.act[u] = el < hi;
+                en.act[u] = (kvc::kVtCarry || el >= 0) && el < hi;
                 en.nb[u] = false;
                 en.slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;
                 en.prev[u] = en.pos[u] = 0;

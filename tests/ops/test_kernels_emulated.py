@@ -108,13 +108,17 @@ def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mod
     assert emu.modules("verify_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-@pytest.mark.parametrize("n_active, block_size, max_blocks", [(300, 2, 4), (700, 4, 6)])
-def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks):
-    """More rows than a tile (256), so the kernel first walks every row for the batch total; each block's share
-    of the entries crosses tiles, and (the second case: about 8000 entries over 4 blocks) takes several steps."""
-    rng = rng_for("emu-verify_table-rows", n_active)
-    b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=1, n_sources=0, mode=Mode.NONE,
-                      n_active=n_active, max_blocks=max_blocks)
+@pytest.mark.parametrize("n_active, block_size, max_blocks, mode", [
+    (300, 2, 4, Mode.NONE), (700, 4, 6, Mode.NONE), (300, 2, 4, Mode.PARTIAL), (700, 4, 6, Mode.PARTIAL),
+])
+def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, mode):
+    """More rows than a tile (256), so the kernel first walks every row for the batch total; each warp's share
+    of the entries crosses tiles, and (the 700-row cases: about 8000 entries over 4 blocks) takes several steps.
+    Without real KV a warp's steps are one contiguous range, with it they are grid-strided (steps that straddle
+    a tile boundary continue in the next tile)."""
+    rng = rng_for("emu-verify_table-rows", n_active, mode.name)
+    b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=1,
+                      n_sources=0 if mode == Mode.NONE else 1, mode=mode, n_active=n_active, max_blocks=max_blocks)
     inv = random_bytes(rng, (1,), torch.int32)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
                     lambda s: dict(contexts=(s[1][0].context(),), invalid_rows_out=s[2], **s[0].verify_kwargs(True)),
