@@ -87,6 +87,7 @@ def _run(emu, op, make_kwargs, state):
 
 @pytest.mark.parametrize("block_size, window, pad_row, n_contexts, mode", [
     (1, 0, 0, 1, Mode.NONE), (16, 7, -1, 2, Mode.PARTIAL), (64, 0, -1, 5, Mode.ALL), (4, 30, 0, 3, Mode.PARTIAL),
+    (8, 7, 0, 2, Mode.NONE), (2, 0, -1, 3, Mode.NONE),  # several contexts without real KV (the carried hashes)
 ])
 def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mode):
     rng = rng_for("emu-verify_table", block_size, window, pad_row, n_contexts)
