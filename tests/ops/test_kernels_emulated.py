@@ -87,7 +87,7 @@ def _run(emu, op, make_kwargs, state):
 
 @pytest.mark.parametrize("block_size, window, pad_row, n_contexts, mode", [
     (1, 0, 0, 1, Mode.NONE), (16, 7, -1, 2, Mode.PARTIAL), (64, 0, -1, 5, Mode.ALL), (4, 30, 0, 3, Mode.PARTIAL),
-    (8, 7, 0, 2, Mode.NONE), (2, 0, -1, 3, Mode.NONE),  # several contexts without real KV (the carried hashes)
+    (8, 7, 0, 2, Mode.NONE), (2, 0, -1, 3, Mode.NONE),  # several contexts without real KV
 ])
 def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mode):
     rng = rng_for("emu-verify_table", block_size, window, pad_row, n_contexts)
@@ -109,20 +109,21 @@ def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mod
     assert emu.modules("verify_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-@pytest.mark.parametrize("n_active, block_size, max_blocks, mode", [
-    (300, 2, 4, Mode.NONE), (700, 4, 6, Mode.NONE), (300, 2, 4, Mode.PARTIAL), (700, 4, 6, Mode.PARTIAL),
+@pytest.mark.parametrize("n_active, block_size, max_blocks, mode, n_contexts", [
+    (300, 2, 4, Mode.NONE, 1), (700, 4, 6, Mode.NONE, 2), (300, 2, 4, Mode.PARTIAL, 1), (700, 4, 6, Mode.PARTIAL, 2),
 ])
-def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, mode):
+def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, mode, n_contexts):
     """More rows than a tile (256), so the kernel first walks every row for the batch total; each warp's share
     of the entries crosses tiles, and (the 700-row cases: about 8000 entries over 4 blocks) takes several steps.
     Without real KV a warp's steps are one contiguous range, with it they are grid-strided (steps that straddle
-    a tile boundary continue in the next tile)."""
-    rng = rng_for("emu-verify_table-rows", n_active, mode.name)
-    b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=1,
+    a tile boundary continue in the next tile). Two contexts: each carries its own predecessor hash across steps."""
+    rng = rng_for("emu-verify_table-rows", n_active, mode.name, n_contexts)
+    b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=n_contexts,
                       n_sources=0 if mode == Mode.NONE else 1, mode=mode, n_active=n_active, max_blocks=max_blocks)
     inv = random_bytes(rng, (1,), torch.int32)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
-                    lambda s: dict(contexts=(s[1][0].context(),), invalid_rows_out=s[2], **s[0].verify_kwargs(True)),
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
+                                   **s[0].verify_kwargs(True)),
                     (b, cases, inv))
     assert _compare(ref[1], got[1]) > 0
     assert_same_bytes(ref[2], got[2], "invalid_rows_out")
