@@ -12,10 +12,11 @@
 // Work distribution (no plan, no scratch, a grid fixed by the SM count). The entries of the batch are numbered
 // request by request, position by position, as §5 lays them out. Every block first learns the batch total E (the
 // scan of its one tile of rows, or, with more than KVC_VT_THREADS rows, a walk over all rows first) and cuts E
-// into one contiguous range per warp of the grid (kvc_vt_ranges: equal sizes, a multiple of a warp's step).
+// into steps of kvc::kVtUnroll * 32 consecutive entries: without real KV one contiguous range of steps per warp of
+// the grid (kvc_vt_ranges: equal sizes), with it warp g of G takes steps g, g + G, ... (kvc::kVtCarry says why).
 // Blocks then walk the rows in tiles of KVC_VT_THREADS rows (one per thread: pool index, prefix; a block-wide
-// exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp steps through
-// its range's part of the tile, kvc::kVtUnroll * 32 consecutive entries per step: lane l takes entries
+// exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp takes its
+// steps' parts of the tile (a step may straddle two tiles): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
 // one comparison) and its position from the row's window start. So lanes read consecutive table entries
 // (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
@@ -28,17 +29,11 @@
 // PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
 // the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
 // done once; each context adds its record (and KV) reads.
-// Numbers (H200, shuffled pool, docs/BENCHMARKS.md), measured with the earlier distribution (block b took chunks
-// b, b + G, ... of 512 entries, and lane 0 of every warp looked up its predecessor at every step): B (8.4 M
-// entries) ran within 7 % of a bare kernel that reads the same table entries and records in the same order and
-// checks nothing (237 against 221 us; random 32-byte records cost a 64-byte DRAM access each, and the memory
-// system tops out near 2.4 TB/s for them); A (1 M entries) was 34 us eager, 26 us in a graph, bound by the
-// kernel's own instructions: 14.4 warp instructions per entry (Nsight Compute), 52 % of the issue slots busy.
-// Counting the SASS (nvcc 13.0, sm_90) along a step's common path, a static estimate: about 28 % of them
-// re-found the row of a chunk 270 K entries further on (a gallop of ~130 instructions per entry slot and step)
-// and 125 of the ~640 of a step were lane 0's predecessor. The present distribution removes both: a steady step
-// of the one-buffer NONE kernel is about 430 warp instructions for 64 entries (6.75 per entry; 736 for two
-// buffers). Not yet timed on a GPU (the ncu part of tests/gpu/run_all.sh counts the real instructions).
+// Numbers (H200, docs/BENCHMARKS.md, 2026-12-03): B NONE shuffled (8.4 M entries) runs within 7 % of a bare kernel
+// that reads the same table entries and records and checks nothing (235 against 221 us; random 32-byte records
+// cost a 64-byte DRAM access each); A NONE (1 M entries) is 32 us eager, 19 us in a graph, 9.0 warp instructions
+// per entry (Nsight Compute; 14.4 with the earlier distribution, where blocks took 512-entry chunks round-robin and
+// lane 0 of every warp looked up its predecessor at every step); B NONE contiguous 114 us (178 before).
 // The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
 // the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
