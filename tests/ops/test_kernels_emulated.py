@@ -159,6 +159,24 @@ def test_write_table_emulated(emu, block_size, window, pad_row, n_contexts, mode
     assert emu.modules("write_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
+def test_write_table_emulated_short_long_boundary(emu):
+    """Requests of kWriteShort (32) tokens take the warp path and of 33 the block path; a tile whose only long
+    requests have 33 tokens must still run the long-request loop."""
+    rng = rng_for("emu-write_table-boundary")
+    b = make_table_batch(rng, block_size=16, max_blocks=8, pad_row=0, n_active=6, max_reqs=10,
+                         extend_cycle=(33, 32, 1))
+    cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
+                              stride=32, flag=0)
+    for c in cases:
+        stamp_batch(rng, c, b, corrupt=0.2)
+    tokens = make_write_tokens(rng, b)
+    ref, got = _run(emu, kc.launch_canary_write_from_table,
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
+                                   **s[2].kwargs()), (b, cases, tokens))
+    _compare(ref[1], got[1])
+    assert int(b.extend_seq_lens.max()) == 33
+
+
 def test_write_table_emulated_many_rows(emu):
     """More rows than a tile of the row scan (1024), one token each (the warp path)."""
     rng = rng_for("emu-write_table-rows")

@@ -165,12 +165,14 @@ def make_table_batch(
     share_prefixes: bool = True,
     max_extend: int = 8,
     spare_blocks: int = 4,
+    extend_cycle: tuple[int, ...] | None = None,
 ) -> TableBatch:
     """A random batch (see the module docstring); ``window > 0`` adds a LUT into a smaller SWA slot space.
 
     ``bad_blocks`` block ids inside used prefixes are replaced by out-of-range or negative ids (both table
     forms alike). Padding rows use ``pad_row``; invalid rows use indices outside ``[0, max_reqs)`` or a prefix
-    beyond ``max_seq_len``.
+    beyond ``max_seq_len``. ``extend_cycle`` gives the active rows' extend lengths in turn instead of random ones
+    (a boundary the kernels branch on, for certain).
     """
     max_seq_len = max_blocks * block_size
     rows = [r for r in range(max_reqs) if r != pad_row]
@@ -183,7 +185,10 @@ def make_table_batch(
     tokens = rng.integers(0, 1 << 31, (max_reqs, max_seq_len)).astype(np.int64)
     prefix, extend = {}, {}
     for i, rp in enumerate(active):
-        ext = int(rng.integers(-1, max_extend + 1)) if rng.random() < 0.9 else 0
+        if extend_cycle is not None:
+            ext = extend_cycle[i % len(extend_cycle)]
+        else:
+            ext = int(rng.integers(-1, max_extend + 1)) if rng.random() < 0.9 else 0
         pre = int(rng.integers(0, max_seq_len - max(ext, 0) + 1))
         prefix[rp], extend[rp] = pre, ext
         shared = 0
