@@ -187,7 +187,8 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 // multiple of a warp's step; the last ranges may be short or empty): warp w of block b takes
 // [(b * warps_per_block + w) * per, + per) clipped to total. Thread 0 writes range[0..3] = per, this block's
 // start and end (its warps' ranges together), total (the caller synchronizes); kept in shared memory, not in
-// registers, through the loop (the entry loop needs every register it can get).
+// registers, through the loop (the entry loop needs every register it can get). With grid-strided steps (real
+// KV) there are no ranges: per is unused and every block's share is [0, total).
 __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* range) {
     if (!kvc::kVtCarry) {  // grid-strided steps: every block's share spans the batch
         range[0] = 0;
@@ -297,8 +298,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         }
         int hint = 0;  // this thread's last row in the tile (its entries only move forward)
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
-        // is lane 31's of u - 1 or of the warp's previous step (kept in s_warp), so only the warp's first
-        // entry in the tile and the rows' first entries look their predecessor up.
+        // is lane 31's of u - 1 or, with per-warp ranges, of the warp's previous step (kept in s_warp), so only
+        // the warp's first entry in the tile (with grid-strided steps: in the step) and the rows' first entries
+        // look their predecessor up.
         const kvc_i64 advance = kvc::kVtCarry ? kvc::kVtWarpStep : (kvc_i64)gridDim.x * kvc::kVtWarps * kvc::kVtWarpStep;
         for (kvc_i64 base = wr[0];; base += advance) {  // warp-uniform
             // The warp's row of s_warp, addressed from threadIdx afresh (cheaper than a register kept through the
@@ -322,8 +324,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                     const kvc_i64 pos = s_ws[row] + (el - first);
                     en.pos[u] = pos;
                     en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos));
-                    // Entry el - 1 (this warp's: it lies in [lo, el)) is this entry's predecessor unless el starts
-                    // the row's entries. A window's first entry keeps its real predecessor (windows do not restart
+                    // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
+                    // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real predecessor (windows do not restart
                     // the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (!en.nb[u])
