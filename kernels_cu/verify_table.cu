@@ -301,7 +301,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         // is lane 31's of u - 1 or, with per-warp ranges, of the warp's previous step (kept in s_warp), so only
         // the warp's first entry in the tile (with grid-strided steps: in the step) and the rows' first entries
         // look their predecessor up.
-        const kvc_i64 advance = kvc::kVtCarry ? kvc::kVtWarpStep : (kvc_i64)gridDim.x * kvc::kVtWarps * kvc::kVtWarpStep;
+        const kvc_i64 advance =
+            kvc::kVtCarry ? kvc::kVtWarpStep : (kvc_i64)gridDim.x * kvc::kVtWarps * kvc::kVtWarpStep;
         for (kvc_i64 base = wr[0];; base += advance) {  // warp-uniform
             // The warp's row of s_warp, addressed from threadIdx afresh (cheaper than a register kept through the
             // step, which some specializations spilled).
@@ -325,8 +326,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                     en.pos[u] = pos;
                     en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos));
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
-                    // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real predecessor (windows do not restart
-                    // the chain); position 0 is a chain head.
+                    // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
+                    // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (!en.nb[u])
                         en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos - 1))
