@@ -22,10 +22,10 @@ Cases (eager, no CUDA graph; shape A: decode, 256 requests x 4096 cached positio
   SGLang-named ops validate every argument on every call).
 
 Per case: host µs per call (median, mean, p90; the medians of the HEAD and of the TAIL calls apart: only a TAIL
-step checks and folds the real-KV sources, so it grows with ``--layers``), and on CUDA the GPU µs per step (CUDA events around 50 steps, host
-work included in the span, so it is the larger of the two) and the host share. The state is stamped clean
-first (a prefill through the canary), so no violation is decoded during timing. The table is printed last and
-written to ``$OUT/bench_host.md`` when ``$OUT`` is set.
+step checks and folds the real-KV sources, so it grows with ``--layers``), and on CUDA the GPU µs per step (CUDA
+events around 50 steps, host work included in the span, so it is the larger of the two) and the host share. The
+state is stamped clean first (a prefill through the canary), so no violation is decoded during timing. The table
+is printed last and written to ``$OUT/bench_host.md`` when ``$OUT`` is set.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ defines, and the launchers read the grid from the same copy, so a variant is wha
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
 launches per replay, as ``bench_cuda.py``; the L2 not flushed); registers and local (spill) bytes per thread.
-Before timing, every variant must pass ``bench_cuda.Case.check`` on shape A (clean prefix verified clean, one flipped token
-caught, the plan-free write stamping what the plan-based one stamps). The table is printed last (and written to
-``$OUT/tune_<kernel>.md`` when ``$OUT`` is set).
+Before timing, every variant must pass ``bench_cuda.Case.check`` on shape A (clean prefix verified clean, one
+flipped token caught, the plan-free write stamping what the plan-based one stamps). The table is printed last (and
+written to ``$OUT/tune_<kernel>.md`` when ``$OUT`` is set).
 """
 
 from __future__ import annotations
