@@ -406,15 +406,49 @@ __device__ __forceinline__ I kvc_find_row(const kvc_i64* offsets, I n, kvc_i64 e
     return hi;
 }
 
+// The table cell that holds RT(rp, p) (SPEC §10): its address and, for a block table, p % block_size (0 for a
+// per-position table). Split from the load so that a kernel can issue several cells' loads back to back before it
+// uses any of them (kvc_table_value turns the loaded int into RT).
+struct KvcTableCell {
+    const int* at;
+    kvc_i64 rem;
+};
+
+// The cell of RT(rp, p) for a valid row rp and 0 <= p < max_seq_len.
+__device__ __forceinline__ KvcTableCell kvc_table_cell(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
+    const int* row = t.table + rp * t.cols;
+    KvcTableCell c;
+    if (t.paged) {
+        kvc_i64 col;
+        kvc_divmod(p, t.block_size, col, c.rem);
+        c.at = row + col;
+    } else {
+        c.at = row + p;
+        c.rem = 0;
+    }
+    return c;
+}
+
+// The cell of RT(rp, p - 1) from that of RT(rp, p), p >= 1: no second division.
+__device__ __forceinline__ KvcTableCell kvc_table_prev_cell(const KvcTableParams& t, KvcTableCell c) {
+    if (!t.paged || c.rem == 0) {
+        c.at -= 1;
+        c.rem = t.paged ? t.block_size - 1 : 0;
+    } else {
+        c.rem -= 1;
+    }
+    return c;
+}
+
+// RT from a cell and the int loaded from it.
+__device__ __forceinline__ kvc_i64 kvc_table_value(const KvcTableParams& t, const KvcTableCell& c, int raw) {
+    return t.paged ? kvc_rt_paged((kvc_i64)raw, c.rem, t.block_size) : (kvc_i64)raw;
+}
+
 // RT(rp, p) of a valid row rp and 0 <= p < max_seq_len (SPEC §10), as int64.
 __device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
-    const int* row = t.table + rp * t.cols;
-    if (t.paged) {
-        kvc_i64 col, rem;
-        kvc_divmod(p, t.block_size, col, rem);
-        return kvc_rt_paged((kvc_i64)__ldg(row + col), rem, t.block_size);
-    }
-    return (kvc_i64)__ldg(row + p);
+    const KvcTableCell c = kvc_table_cell(t, rp, p);
+    return kvc_table_value(t, c, __ldg(c.at));
 }
 
 // Number of verify entries of a batch row with pool index rp and prefix length `prefix` (SPEC §5, §10).
