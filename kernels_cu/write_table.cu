@@ -83,11 +83,83 @@ struct KvcWriteTableContexts {
     }
 };
 
-// The first r >= base with r mod m == k (0 <= k < m).
+// The first r >= base with r mod m == k (0 <= k < m). base 0 (the first tile, the only one of a decode batch)
+// needs no division.
 __device__ __forceinline__ kvc_i64 kvc_first_congruent(kvc_i64 base, kvc_i64 m, kvc_i64 k) {
+    if (base == 0) return k;
     kvc_i64 q, rem;
     kvc_divmod(base, m, q, rem);
     return base + (k >= rem ? k - rem : k - rem + m);
+}
+
+// What a block learns from one tile of rows.
+struct KvcWtTile {
+    kvc_i64 total;  // the tile's tokens
+    bool any_long;  // some row has more than kvc::kWriteShort tokens (so the long-request loop has work)
+};
+
+// One tile of rows [tile, tile + items * KVC_WT_THREADS) of the write (SPEC §5, §10): thread tid takes rows
+// tile + tid * items + j, j < items <= ITEMS; s_start gets the rows' tile-local exclusive token offsets (and the
+// tile total after them), s_seed the seeds of the rows this block writes (else -1); `invalid` counts the invalid
+// rows this thread saw. Ends with the barrier that publishes them. ITEMS is a compile-time bound: a batch of up to
+// KVC_WT_THREADS rows runs the one-row code, without the per-item loop and its run-time checks (a decode batch).
+template <int ITEMS>
+__device__ __forceinline__ KvcWtTile kvc_wt_rows(const KvcTableParams& t, const KvcBatchParams& b, kvc_i64 tile,
+                                                 int items, kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start,
+                                                 kvc_i64* s_seed, kvc_i64* scratch, kvc_i64& invalid) {
+    const int tid = (int)threadIdx.x;
+    const kvc_i64 first = tile + (kvc_i64)tid * items;
+    kvc_i64 rp[ITEMS], prefix[ITEMS], extend[ITEMS];
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        rp[j] = prefix[j] = extend[j] = 0;
+        if (j < items && first + j < b.bs) {
+            rp[j] = b.req_pool_indices[first + j];
+            prefix[j] = b.prefix_lens[first + j];
+            extend[j] = b.extend_seq_lens[first + j];
+        }
+    }
+    kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
+    bool some_long = false;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        const kvc_i64 r = first + j;
+        len[j] = 0;
+        seed[j] = kvc::NO_SLOT;
+        if (j < items && r < b.bs) {
+            const bool valid = kvc_row_valid(rp[j], prefix[j], t.max_reqs, t.max_seq_len, t.pad_row);
+            const bool active = valid && rp[j] != t.pad_row;
+            invalid += valid ? 0 : 1;
+            len[j] = kvc_write_len(active, extend[j]);
+            some_long = some_long || len[j] > kvc::kWriteShort;
+            kvc_i64 q, by_block;
+            kvc_divmod(r, blocks, q, by_block);
+#if KVC_WT_SPREAD
+            const bool mine = by_block == block;  // both paths give row r to block r mod G
+#else
+            kvc_i64 by_warp;
+            kvc_divmod(r, blocks * kvc::kWtWarps, q, by_warp);
+            const bool mine = by_warp / kvc::kWtWarps == block || by_block == block;
+#endif
+            if (mine && kvc_has_seed(active, prefix[j], len[j]))
+                seed[j] = kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1));
+        }
+        sum += len[j];
+    }
+    KvcWtTile out;
+    kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        if (j >= items) break;
+        s_start[tid * items + j] = run;
+        s_seed[tid * items + j] = seed[j];
+        run += len[j];
+    }
+    if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
+    // The barrier that publishes the rows also tells whether any row may be long (a row of more than kWriteShort
+    // tokens whose range turns out bad is not: the long loop checks each row).
+    out.any_long = __syncthreads_or(some_long) != 0;
+    return out;
 }
 
 extern "C" __global__ void __launch_bounds__(KVC_WT_THREADS, KVC_WT_BLOCKS_PER_SM)
@@ -132,53 +204,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const int items = (int)kvc_min64(kvc::kWtRowItems, kvc_max64(1, (b.bs + KVC_WT_THREADS - 1) / KVC_WT_THREADS));
     const kvc_i64 tile_rows = (kvc_i64)items * KVC_WT_THREADS;
     for (kvc_i64 tile = 0; tile < b.bs; tile += tile_rows) {
-        const kvc_i64 first = tile + (kvc_i64)tid * items;
-        kvc_i64 rp[kvc::kWtRowItems], prefix[kvc::kWtRowItems], extend[kvc::kWtRowItems];
-#pragma unroll
-        for (int j = 0; j < kvc::kWtRowItems; ++j) {
-            rp[j] = prefix[j] = extend[j] = 0;
-            if (j < items && first + j < b.bs) {
-                rp[j] = b.req_pool_indices[first + j];
-                prefix[j] = b.prefix_lens[first + j];
-                extend[j] = b.extend_seq_lens[first + j];
-            }
-        }
-        kvc_i64 len[kvc::kWtRowItems], seed[kvc::kWtRowItems], sum = 0;
-#pragma unroll
-        for (int j = 0; j < kvc::kWtRowItems; ++j) {
-            const kvc_i64 r = first + j;
-            len[j] = 0;
-            seed[j] = kvc::NO_SLOT;
-            if (j < items && r < b.bs) {
-                const bool valid = kvc_row_valid(rp[j], prefix[j], t.max_reqs, t.max_seq_len, t.pad_row);
-                const bool active = valid && rp[j] != t.pad_row;
-                invalid += valid ? 0 : 1;
-                len[j] = kvc_write_len(active, extend[j]);
-                kvc_i64 q, by_block;
-                kvc_divmod(r, blocks, q, by_block);
-#if KVC_WT_SPREAD
-                const bool mine = by_block == block;  // both paths give row r to block r mod G
-#else
-                kvc_i64 by_warp;
-                kvc_divmod(r, warps, q, by_warp);
-                const bool mine = by_warp / kvc::kWtWarps == block || by_block == block;
-#endif
-                if (mine && kvc_has_seed(active, prefix[j], len[j]))
-                    seed[j] = kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1));
-            }
-            sum += len[j];
-        }
-        kvc_i64 tile_total;
-        kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, tile_total);
-#pragma unroll
-        for (int j = 0; j < kvc::kWtRowItems; ++j) {
-            if (j >= items) break;
-            s_start[tid * items + j] = run;
-            s_seed[tid * items + j] = seed[j];
-            run += len[j];
-        }
-        if (tid == 0) s_start[tile_rows] = tile_total;
-        __syncthreads();
+        const KvcWtTile rows = items == 1
+            ? kvc_wt_rows<1>(t, b, tile, 1, blocks, block, s_start, s_seed, scratch, invalid)
+            : kvc_wt_rows<kvc::kWtRowItems>(t, b, tile, items, blocks, block, s_start, s_seed, scratch, invalid);
+        const kvc_i64 tile_total = rows.total;
         const kvc_i64 tile_end = tile + kvc_min64(tile_rows, b.bs - tile);
 
         // Short, empty and bad requests: one warp each (the loop is warp-uniform).
@@ -189,8 +218,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
             kvc_write_warp_request<NC, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i], position_assert,
                                                                stamped);
         }
-        // Long requests: the whole block (the loop and its condition are block-uniform).
-        for (kvc_i64 r = kvc_first_congruent(tile, blocks, block); r < tile_end; r += blocks) {
+        // Long requests: the whole block (the loop and its condition are block-uniform); skipped when the tile has
+        // none (a decode batch: the loop's row reads and checks are most of a warp's instructions otherwise).
+        for (kvc_i64 r = kvc_first_congruent(tile, blocks, block); rows.any_long && r < tile_end; r += blocks) {
             const kvc_i64 i = r - tile;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (!kvc_write_is_long(start, end, tk.num_tokens)) continue;
