@@ -281,8 +281,8 @@ def breakdown(e: Engine) -> list[tuple[str, float, str]]:
          _per_call_us(lambda: c._table(table, None)), "1 per step"),
         ("staleness check of the long-lived arrays (CanaryState.refresh)",
          _per_call_us(lambda: c.state.refresh("tail")), "1 per step"),
-        ("torch.cuda.is_current_stream_capturing()", _per_call_us(torch.cuda.is_current_stream_capturing),
-         "1 per step"),
+        ("capture check of the launch stream (backend.capturing: cudaStreamIsCapturing)",
+         _per_call_us(lambda: c._backend.capturing(s)), "1 per step"),
     ]
     torch.cuda.synchronize(dev)
     stager.take_landed(include_latest=True, wait=True)

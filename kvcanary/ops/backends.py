@@ -49,6 +49,10 @@ class Backend(Protocol):
         """``stream`` (None: the current stream of ``device``) resolved once, for several launches in a row."""
         ...
 
+    def capturing(self, launch_stream: Any) -> bool:
+        """Whether ``launch_stream`` (what :meth:`launch_stream` returned) is capturing a CUDA graph."""
+        ...
+
 
 class CpuBackend:
     """The NumPy reference: the executable form of the SPEC, one module per paragraph."""
@@ -94,6 +98,9 @@ class CpuBackend:
     def launch_stream(self, stream: Any, device: Device) -> Any:
         return None
 
+    def capturing(self, launch_stream: Any) -> bool:
+        return False
+
 
 class CudaBackend:
     """The CuPy kernels; ``stream`` is the caller's stream (``None``: torch's current stream of the device)."""
@@ -106,9 +113,10 @@ class CudaBackend:
         except ImportError as e:  # the module or CuPy is missing
             raise CudaBackendUnavailableError(f"kv-canary: the CUDA backend is not available: {e}") from e
         self._cuda = backend
-        from kvcanary.ops.cuda.launch import resolve_stream
+        from kvcanary.ops.cuda.launch import resolve_stream, stream_capturing
 
         self._resolve_stream = resolve_stream
+        self._stream_capturing = stream_capturing
 
     def plan(self, launch: PlanLaunch, stream: Any = None) -> None:
         self._cuda.plan(launch, stream)
@@ -150,6 +158,11 @@ class CudaBackend:
 
     def launch_stream(self, stream: Any, device: Device) -> Any:
         return self._resolve_stream(stream, device)   # its raw handle as ``ptr``
+
+    def capturing(self, launch_stream: Any) -> bool:
+        # The launch stream itself, not torch's current one: a step may be captured on a stream passed as
+        # ``stream=`` while another stream is current.
+        return self._stream_capturing(launch_stream.ptr)
 
 
 _backends: dict[str, Backend] = {}

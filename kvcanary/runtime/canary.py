@@ -433,7 +433,9 @@ class KVCanary:
 
         Raises a ``kv-canary:`` error, writing nothing, on a bad argument or a phase out of order (HEAD
         before TAIL in every forward; see :meth:`nested_forward` and :meth:`abort_forward`). No host sync on
-        CUDA: capturable in a CUDA graph. Violations are reported one step later (see :meth:`end_step`).
+        CUDA: capturable in a CUDA graph, on the current stream or on ``stream`` (the step asks whether its own
+        launch stream is capturing, and then leaves the step's close to :meth:`end_step` after each replay).
+        Violations are reported one step later (see :meth:`end_step`).
         """
         if phase not in STEP_PHASES:
             raise invalid(f"phase must be 'head' or 'tail', got {phase!r}")
@@ -443,7 +445,7 @@ class KVCanary:
             block_table, swa_out_cache_loc, expected_tokens, expected_tokens_valid_lens, expected_input_tokens,
             expected_input_positions, stream)
         self.phases.commit(phase)
-        if not is_capturing(self.device):
+        if not self._backend.capturing(launch_stream):
             self._calls[phase] += 1
             self._close_step(watchdog=True, stream=launch_stream)
 

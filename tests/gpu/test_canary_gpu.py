@@ -273,21 +273,63 @@ def test_every_layer_fingerprinted_sweep_and_tail_on_cuda():
     assert tailed == [(T.TAIL_K_FULL, 2, F.VERIFY_REAL_KV_HASH_MISMATCH)]
 
 
+def _i64(xs):
+    return torch.tensor(xs, dtype=torch.int64, device=DEV)
+
+
+def _one_request_canary():
+    """A canary without real KV and the prefill batch of one request: 4 tokens at slots 1..4 (row 1 of an 8-column
+    table whose column 4 holds slot 5, for a decode step after it)."""
+    c = kc.KVCanary(num_slots=64, max_batch_size=2, max_tokens_per_step=8, device=DEV, mode="quiet",
+                    watchdog_patience=None)
+    r2t = torch.zeros((2, 8), dtype=torch.int32, device=DEV)
+    r2t[1, :5] = torch.arange(1, 6, dtype=torch.int32, device=DEV)
+    batch = dict(req_pool_indices=_i64([1]), prefix_lens=_i64([0]), extend_seq_lens=_i64([4]), req_to_token=r2t,
+                 input_ids=_i64([5, 6, 7, 8]), positions=_i64([0, 1, 2, 3]), out_cache_loc=_i64([1, 2, 3, 4]))
+    return c, batch
+
+
+def test_a_step_captured_on_its_own_stream_while_another_stream_is_current():
+    """``step(stream=s)`` captured on ``s`` while another stream is current: the step sees that its own launch
+    stream is capturing, so it neither closes a step nor stages a status copy inside the capture (either would
+    break the capture or count a step that did not run); the replay then does the step's work."""
+    c, batch = _one_request_canary()
+    c.step("head", **batch)
+    c.step("tail", **batch)
+    decode = dict(batch, prefix_lens=_i64([4]), extend_seq_lens=_i64([1]), input_ids=_i64([9]), positions=_i64([4]),
+                  out_cache_loc=_i64([5]))
+    s, g = torch.cuda.Stream(device=DEV), torch.cuda.CUDAGraph()
+    with c.warmup():
+        torch.cuda.synchronize(DEV)
+        with torch.cuda.stream(s):
+            g.capture_begin()
+        assert torch.cuda.current_stream(DEV) != s and not torch.cuda.is_current_stream_capturing()
+        steps = c.step_number
+        c.step("head", stream=s, **decode)
+        c.step("tail", stream=s, **decode)
+        assert c.step_number == steps
+        with torch.cuda.stream(s):
+            g.capture_end()
+    g.replay()
+    c.end_step()
+    torch.cuda.synchronize(DEV)
+    h = c.health()
+    assert h.tags[T.HEAD_K_FULL].verify_launches == h.tags[T.TAIL_K_FULL].write_launches == 2
+    assert h.tags[T.TAIL_K_FULL].stamped_slots == 5
+    assert list(c.poll(sync=True)) == []
+    # The replay reads the table as it is then: a stale entry planted after capture is caught.
+    exp = faults.remap_req_to_token(batch["req_to_token"], req_pool_index=1, position=3, new_slot=7)
+    g.replay()
+    c.end_step()
+    assert exp.found_in(c.poll(sync=True)), str(exp)
+
+
 def test_status_copy_of_a_step_on_another_stream_is_ordered_after_its_kernels():
     """``step(stream=s)`` with ``s`` not the current stream: the status copy the step stages is ordered after the
     step's kernels on ``s`` (not after the current stream's work), so the copy shows the step's launches."""
     from kvcanary.runtime.status import Count, Kernel, StatusSnapshot
 
-    c = kc.KVCanary(num_slots=64, max_batch_size=2, max_tokens_per_step=8, device=DEV, mode="quiet",
-                    watchdog_patience=None)
-    r2t = torch.zeros((2, 8), dtype=torch.int32, device=DEV)
-    r2t[1, :4] = torch.arange(1, 5, dtype=torch.int32, device=DEV)
-
-    def i64(xs):
-        return torch.tensor(xs, dtype=torch.int64, device=DEV)
-
-    batch = dict(req_pool_indices=i64([1]), prefix_lens=i64([0]), extend_seq_lens=i64([4]), req_to_token=r2t,
-                 input_ids=i64([5, 6, 7, 8]), positions=i64([0, 1, 2, 3]), out_cache_loc=i64([1, 2, 3, 4]))
+    c, batch = _one_request_canary()
     s = torch.cuda.Stream(device=DEV)
     torch.cuda.synchronize(DEV)
     with torch.cuda.stream(s):

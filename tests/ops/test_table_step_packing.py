@@ -92,6 +92,9 @@ def step_arguments(swa: bool, expected: bool):
         def launch_stream(self, stream, device):
             return None
 
+        def capturing(self, stream):
+            return False
+
     c._backend = Backend()
     r2t = torch.zeros((4, 16), dtype=torch.int32)
     r2t[1, :6] = t64([1, 2, 3, 4, 5, 6]).to(torch.int32)
