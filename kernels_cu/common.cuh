@@ -445,10 +445,17 @@ __device__ __forceinline__ kvc_i64 kvc_table_value(const KvcTableParams& t, cons
     return t.paged ? kvc_rt_paged((kvc_i64)raw, c.rem, t.block_size) : (kvc_i64)raw;
 }
 
-// RT(rp, p) of a valid row rp and 0 <= p < max_seq_len (SPEC §10), as int64.
+// RT(rp, p) of a valid row rp and 0 <= p < max_seq_len (SPEC §10), as int64. The same rule as kvc_table_cell and
+// kvc_table_value in one piece: built from those two, the verify without real KV compiled to different code and
+// ran slower (it is bound by instructions).
 __device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
-    const KvcTableCell c = kvc_table_cell(t, rp, p);
-    return kvc_table_value(t, c, __ldg(c.at));
+    const int* row = t.table + rp * t.cols;
+    if (t.paged) {
+        kvc_i64 col, rem;
+        kvc_divmod(p, t.block_size, col, rem);
+        return kvc_rt_paged((kvc_i64)__ldg(row + col), rem, t.block_size);
+    }
+    return (kvc_i64)__ldg(row + p);
 }
 
 // Number of verify entries of a batch row with pool index rp and prefix length `prefix` (SPEC §5, §10).

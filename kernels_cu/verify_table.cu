@@ -92,10 +92,12 @@ constexpr int kVtWarps = KVC_VT_THREADS / kWarpSize;              // warps per b
 // reads): steps grid-strided, warp g of G taking steps g, g + G, ..., so the whole grid sweeps the batch in one
 // window, as the bare-read floor does; per-warp ranges made B PARTIAL 22-35 % slower (docs/BENCHMARKS.md).
 constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
-// Whether an entry that looks its predecessor up loads that record together with its own (with real KV: one
-// entry per thread leaves the registers; without it, two entries per thread at 64 registers do not, and lane 0's
-// predecessor usually comes from the warp's previous step).
-constexpr bool kVtPrevEarly = !kVtCarry;
+// Loads issued early, with real KV: a step's table loads back to back before any is used (kvc_table_cell), and a
+// looked-up predecessor's record together with the entry's own. Measured on an H200 (docs/BENCHMARKS.md,
+// 2026-12-03 19:18): 1-6 % faster with real KV; without it (two entries per thread at 64 registers, bound by
+// instructions at A) the same ordering made A contiguous 10 % and B contiguous 5 % slower in a graph, so there
+// each entry's loads are consumed where they are issued.
+constexpr bool kVtEarlyLoads = KVC_HAS_REAL_KV != 0;
 }  // namespace kvc
 
 // The shared (context-independent) part of a step's entries.
@@ -124,20 +126,20 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     kvc_u64 w0[kvc::kVtUnroll], w1[kvc::kVtUnroll];
 #endif
     bool own[kvc::kVtUnroll];
-    // A looked-up predecessor's fields (kVtPrevEarly: loaded here; else where the chain is checked).
+    // A looked-up predecessor's fields (kVtEarlyLoads: loaded here; else where the chain is checked).
     kvc_i64 p_tok[kvc::kVtUnroll], p_pos[kvc::kVtUnroll], p_hash[kvc::kVtUnroll];
     // All loads first: the slot's record (also when the entry itself will be out of range: a covered-or-not
     // slot inside the buffer is the next entry's predecessor), the first real-KV bytes of a covered slot and,
-    // with kVtPrevEarly, the record of a predecessor in [1, num_slots) that is not lane - 1's.
+    // with kVtEarlyLoads, the record of a predecessor in [1, num_slots) that is not lane - 1's.
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
-        const kvc_i64 s = en.slot[u], prev = en.prev[u];
+        const kvc_i64 s = en.slot[u];
         own[u] = s > kvc::TOKEN_TO_KV_SLOT_PADDING && s < num_slots;
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
         if (own[u]) kvc_load_record_ro(canary, s, stride, vec16, tok[u], spos[u], hash[u], rkv[u]);
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
-        if (kvc::kVtPrevEarly && !en.nb[u] && prev > kvc::TOKEN_TO_KV_SLOT_PADDING && prev < num_slots) {
-            const kvc_i64* pr = kvc_record(canary, prev, stride);
+        if (kvc::kVtEarlyLoads && !en.nb[u] && en.prev[u] > kvc::TOKEN_TO_KV_SLOT_PADDING && en.prev[u] < num_slots) {
+            const kvc_i64* pr = kvc_record(canary, en.prev[u], stride);
             p_hash[u] = __ldg(pr + kvc::FIELD_PREV_HASH);
             p_tok[u] = __ldg(pr + kvc::FIELD_TOKEN);
             p_pos[u] = __ldg(pr + kvc::FIELD_POSITION);
@@ -170,7 +172,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
                 expected_chain = (kvc_i64)kvc_anchor_hash();
             } else if (en.nb[u]) {
                 expected_chain = from_prev_lane;  // lane - 1 holds slot `prev`, in [1, num_slots): it loaded it
-            } else if (kvc::kVtPrevEarly) {
+            } else if (kvc::kVtEarlyLoads) {
                 expected_chain = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
             } else {
                 const kvc_i64* pr = kvc_record(canary, prev, stride);
@@ -326,51 +328,63 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             const kvc_i64 lo = ws[0], hi = ws[1];
             if (base >= hi) break;
             KvcVtEntries en;
-            // First every entry's row and table cells (its own and, when it looks its predecessor up, the one
-            // before), then all the step's table loads back to back, then their values: the loads' latencies
-            // overlap (Nsight Compute put 2 x 10 % of the A verify's stalls on table loads consumed one by one).
+            // With kVtEarlyLoads: first every entry's row and table cells (its own and, when it looks its
+            // predecessor up, the one before), then all the step's table loads back to back, then their values, so
+            // the loads' latencies overlap. Otherwise an entry's table values are loaded and used in place.
             KvcTableCell cell[kvc::kVtUnroll], prev_cell[kvc::kVtUnroll];
             bool look[kvc::kVtUnroll];  // looks its predecessor up in the table (not lane - 1's, not a chain head)
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
                 const kvc_i64 el = base + (kvc_i64)(u * kvc::kWarpSize + lane);
                 en.act[u] = (kvc::kVtCarry || el >= 0) && el < hi;
-                en.nb[u] = look[u] = false;
+                en.nb[u] = false;
                 en.slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;
                 en.prev[u] = en.pos[u] = 0;
                 en.exp_tok[u] = kvc::NO_SLOT;
-                cell[u].at = prev_cell[u].at = t.table;
-                cell[u].rem = prev_cell[u].rem = 0;
+                if (kvc::kVtEarlyLoads) {
+                    look[u] = false;
+                    cell[u].at = prev_cell[u].at = t.table;
+                    cell[u].rem = prev_cell[u].rem = 0;
+                }
                 if (en.act[u]) {
                     const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
                     hint = row;
                     const kvc_i64 rp = s_rp[row], first = s_off[row];
                     const kvc_i64 pos = s_ws[row] + (el - first);
                     en.pos[u] = pos;
-                    cell[u] = kvc_table_cell(t, rp, pos);
+                    if (!kvc::kVtEarlyLoads) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos));
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
-                    look[u] = !en.nb[u] && pos > 0;
-                    if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
-                    if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
+                    if (kvc::kVtEarlyLoads) {
+                        cell[u] = kvc_table_cell(t, rp, pos);
+                        look[u] = !en.nb[u] && pos > 0;
+                        if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
+                        if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
+                    } else if (!en.nb[u]) {
+                        en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos - 1))
+                                             : kvc::NO_SLOT;
+                    }
 #if KVC_CHECK_TOKEN
                     const kvc_i64 q = pos + b.token_offset;
                     if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols)) en.exp_tok[u] = (kvc_i64)b.pool[rp * b.pool_cols + q];
 #endif
                 }
             }
-            int raw[kvc::kVtUnroll], raw_prev[kvc::kVtUnroll];
+            if (kvc::kVtEarlyLoads) {
+                int raw[kvc::kVtUnroll], raw_prev[kvc::kVtUnroll];
 #pragma unroll
-            for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                raw[u] = en.act[u] ? __ldg(cell[u].at) : 0;
-                raw_prev[u] = look[u] ? __ldg(prev_cell[u].at) : 0;
-            }
+                for (int u = 0; u < kvc::kVtUnroll; ++u) {
+                    raw[u] = en.act[u] ? __ldg(cell[u].at) : 0;
+                    raw_prev[u] = look[u] ? __ldg(prev_cell[u].at) : 0;
+                }
 #pragma unroll
-            for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                if (en.act[u]) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_value(t, cell[u], raw[u]));
-                if (look[u]) en.prev[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_value(t, prev_cell[u], raw_prev[u]));
+                for (int u = 0; u < kvc::kVtUnroll; ++u) {
+                    if (en.act[u]) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_value(t, cell[u], raw[u]));
+                    if (look[u])
+                        en.prev[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_value(t, prev_cell[u], raw_prev[u]));
+                }
             }
             // Lane 0 starts from the previous step's last slot (in s_warp when en.nb[0]), then takes lane 31's.
             kvc_i64 slot_carry = (kvc::kVtCarry && lane == 0 && en.nb[0]) ? ws[2] : 0;
