@@ -119,19 +119,42 @@ __device__ __forceinline__ int kvc_write_finish(const KvcContextParams& c, const
     return 1;
 }
 
-// The chain state a request starts from in one context (SPEC §6): running = slot_hash(seed), the seed's
-// position. seed < num_slots (checked by the caller).
-__device__ __forceinline__ void kvc_write_seed(const KvcContextParams& c, kvc_i64 seed, kvc_u64& running,
-                                               kvc_i64& last_pos) {
+// The fields of a seed record that a chain starts from (all 0 for seed < 0, which has no record).
+struct KvcSeedRecord {
+    kvc_i64 token, position, prev_hash;
+};
+
+// Loads the seed's record in one context, to be turned into chain state later by kvc_write_seed_state: split so
+// that a caller issues these loads before others it needs first (a decode write's token loads), and their latencies
+// overlap. seed < num_slots (checked by the caller).
+__device__ __forceinline__ KvcSeedRecord kvc_write_seed_load(const KvcContextParams& c, kvc_i64 seed) {
+    KvcSeedRecord r{0, 0, 0};
+    if (seed >= 0) {
+        const kvc_i64* rec = kvc_record(static_cast<const unsigned char*>(c.canary), seed, c.slot_stride);
+        r.token = rec[kvc::FIELD_TOKEN];
+        r.position = rec[kvc::FIELD_POSITION];
+        r.prev_hash = rec[kvc::FIELD_PREV_HASH];
+    }
+    return r;
+}
+
+// The chain state a request starts from (SPEC §6): running = slot_hash(seed), the seed's position (anchor and 0
+// for seed < 0).
+__device__ __forceinline__ void kvc_write_seed_state(const KvcSeedRecord& r, kvc_i64 seed, kvc_u64& running,
+                                                     kvc_i64& last_pos) {
     if (seed < 0) {
         running = kvc_anchor_hash();
         last_pos = 0;
     } else {
-        const kvc_i64* rec = kvc_record(static_cast<const unsigned char*>(c.canary), seed, c.slot_stride);
-        const kvc_i64 s_token = rec[kvc::FIELD_TOKEN], s_position = rec[kvc::FIELD_POSITION];
-        running = kvc_record_hash(rec[kvc::FIELD_PREV_HASH], s_token, s_position);
-        last_pos = s_position;
+        running = kvc_record_hash(r.prev_hash, r.token, r.position);
+        last_pos = r.position;
     }
+}
+
+// Both at once, in one context.
+__device__ __forceinline__ void kvc_write_seed(const KvcContextParams& c, kvc_i64 seed, kvc_u64& running,
+                                               kvc_i64& last_pos) {
+    kvc_write_seed_state(kvc_write_seed_load(c, seed), seed, running, last_pos);
 }
 
 // Whether the chain position assert is on for a context (its device flag; read once per launch).
@@ -180,6 +203,16 @@ __device__ __forceinline__ void kvc_write_warp_request(const Cx& cx, const KvcTo
     const kvc_i64 num_slots = cx.ctx(0).num_slots;
     const int n = (int)(end - start);  // 1 .. kvc::kWriteShort
     const kvc_i64 i = start + lane;
+    // The seed records first, then the tokens: both sets of loads are in flight together. (With the seed loaded
+    // where its chain state is needed, the compiler issued it only after the token's slot had arrived for the
+    // flags: two load latencies one after the other, on the critical path of a decode write; Nsight Compute,
+    // H200, 2026-12-03.)
+    KvcSeedRecord seed_rec[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        seed_rec[c] = KvcSeedRecord{0, 0, 0};
+        if (c < nctx) seed_rec[c] = kvc_write_seed_load(cx.ctx(c), seed);
+    }
     kvc_i64 slot = kvc::NO_SLOT, tok = 0, pos = 0;
     if (lane < n) {
         slot = tk.out_cache_loc[i];
@@ -200,7 +233,7 @@ __device__ __forceinline__ void kvc_write_warp_request(const Cx& cx, const KvcTo
         if (c < nctx) {
             flag[c] = kvc_write_flag(slot, cx.ctx(c).slot_limit, assert_bits);
             if (Cx::kRealKv && (flag[c] & kvc::kFlagStamp)) rkv[c] = (kvc_i64)cx.fingerprint(c, slot);
-            kvc_write_seed(cx.ctx(c), seed, running[c], last_pos[c]);
+            kvc_write_seed_state(seed_rec[c], seed, running[c], last_pos[c]);
         }
     }
     // The chains, walked by every lane alike; lane j keeps the values token j sees.
