@@ -189,6 +189,25 @@ def test_write_table_emulated_many_rows(emu):
     _compare(ref[1], got[1])
 
 
+@pytest.mark.parametrize("n_active", [300, 700])
+def test_write_table_emulated_two_and_three_rows_per_thread(emu, n_active):
+    """Batches of 257 .. 1024 rows: the row scan's multi-row code with 2 and 3 rows per thread (one tile), short
+    and long requests mixed, so the tile runs both request loops."""
+    rng = rng_for("emu-write_table-items", n_active)
+    b = make_table_batch(rng, block_size=16, max_blocks=4, pad_row=-1, n_active=n_active, max_reqs=n_active + 4,
+                         extend_cycle=(1, 2, 33, 1, 0, 5))
+    cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b), stride=32,
+                              flag=1)
+    for c in cases:
+        stamp_batch(rng, c, b, corrupt=0.2)
+    tokens = make_write_tokens(rng, b)
+    ref, got = _run(emu, kc.launch_canary_write_from_table,
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
+                                   **s[2].kwargs()), (b, cases, tokens))
+    assert _compare(ref[1], got[1]) > 0
+    assert 256 < b.bs <= 1024 and int(b.extend_seq_lens.max()) == 33
+
+
 # ------------------------------------------------------------------------------- the SGLang-named ops
 
 
