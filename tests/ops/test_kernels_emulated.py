@@ -159,21 +159,26 @@ def test_write_table_emulated(emu, block_size, window, pad_row, n_contexts, mode
     assert emu.modules("write_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-def test_write_table_emulated_short_long_boundary(emu):
-    """Requests of kWriteShort (32) tokens take the warp path and of 33 the block path; a tile whose only long
-    requests have 33 tokens must still run the long-request loop."""
-    rng = rng_for("emu-write_table-boundary")
-    b = make_table_batch(rng, block_size=16, max_blocks=8, pad_row=0, n_active=6, max_reqs=10,
-                         extend_cycle=(33, 32, 1))
+def _write_table_cycle(emu, rng, *, extend_cycle, flag, **batch):
+    """A one-buffer write (no real KV) of a batch whose active rows' extend lengths follow ``extend_cycle``, through
+    the emulated kernel and the reference; returns the batch and the violation rows compared."""
+    b = make_table_batch(rng, block_size=16, extend_cycle=extend_cycle, **batch)
     cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
-                              stride=32, flag=0)
+                              stride=32, flag=flag)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=0.2)
     tokens = make_write_tokens(rng, b)
     ref, got = _run(emu, kc.launch_canary_write_from_table,
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
                                    **s[2].kwargs()), (b, cases, tokens))
-    _compare(ref[1], got[1])
+    return b, _compare(ref[1], got[1])
+
+
+def test_write_table_emulated_short_long_boundary(emu):
+    """Requests of kWriteShort (32) tokens take the warp path and of 33 the block path; a tile whose only long
+    requests have 33 tokens must still run the long-request loop."""
+    b, _ = _write_table_cycle(emu, rng_for("emu-write_table-boundary"), extend_cycle=(33, 32, 1), flag=0,
+                              max_blocks=8, pad_row=0, n_active=6, max_reqs=10)
     assert int(b.extend_seq_lens.max()) == 33
 
 
@@ -193,18 +198,9 @@ def test_write_table_emulated_many_rows(emu):
 def test_write_table_emulated_two_and_three_rows_per_thread(emu, n_active):
     """Batches of 257 .. 1024 rows: the row scan's multi-row code with 2 and 3 rows per thread (one tile), short
     and long requests mixed, so the tile runs both request loops."""
-    rng = rng_for("emu-write_table-items", n_active)
-    b = make_table_batch(rng, block_size=16, max_blocks=4, pad_row=-1, n_active=n_active, max_reqs=n_active + 4,
-                         extend_cycle=(1, 2, 33, 1, 0, 5))
-    cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b), stride=32,
-                              flag=1)
-    for c in cases:
-        stamp_batch(rng, c, b, corrupt=0.2)
-    tokens = make_write_tokens(rng, b)
-    ref, got = _run(emu, kc.launch_canary_write_from_table,
-                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
-                                   **s[2].kwargs()), (b, cases, tokens))
-    assert _compare(ref[1], got[1]) > 0
+    b, rows = _write_table_cycle(emu, rng_for("emu-write_table-items", n_active), extend_cycle=(1, 2, 33, 1, 0, 5),
+                                 flag=1, max_blocks=4, pad_row=-1, n_active=n_active, max_reqs=n_active + 4)
+    assert rows > 0
     assert 256 < b.bs <= 1024 and int(b.extend_seq_lens.max()) == 33
 
 
