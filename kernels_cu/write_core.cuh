@@ -431,19 +431,21 @@ __device__ __forceinline__ void kvc_write_count_stamps(const Cx& cx, const kvc_i
     const int lane = (int)(threadIdx.x & 31);
     const int nctx = cx.count();
     __syncwarp();
+    // The warp's sum in one instruction (sm_80's redux) rather than a 64-bit shuffle scan: every warp of a decode
+    // write runs this, most with nothing stamped. 32 bits hold it: a warp stamps each of the launch's tokens at
+    // most once per context, and a launch has fewer than 2**32 tokens.
     kvc_i64 total[NC];
 #pragma unroll
-    for (int c = 0; c < NC; ++c) total[c] = kvc_warp_inclusive_sum(stamped[c]);  // lane 31: the warp's sum
+    for (int c = 0; c < NC; ++c) total[c] = (kvc_i64)__reduce_add_sync(kvc::kFullMask, (unsigned)stamped[c]);
     if (BLOCK_WARPS == 0) {
 #pragma unroll
         for (int c = 0; c < NC; ++c)
-            if (c < nctx && lane == kvc::kWarpSize - 1 && total[c] != 0)
-                kvc_counter_add(cx.ctx(c).slot_run_counter, total[c]);
+            if (c < nctx && lane == 0 && total[c] != 0) kvc_counter_add(cx.ctx(c).slot_run_counter, total[c]);
         return;
     }
     __shared__ kvc_i64 s_stamped[BLOCK_WARPS > 0 ? BLOCK_WARPS : 1][NC];
     const int tid = (int)threadIdx.x;
-    if (lane == kvc::kWarpSize - 1) {
+    if (lane == 0) {
 #pragma unroll
         for (int c = 0; c < NC; ++c) s_stamped[tid >> 5][c] = total[c];
     }

@@ -118,6 +118,16 @@ inline unsigned __ballot_sync(unsigned, int pred) {
     return r;
 }
 
+inline unsigned __reduce_add_sync(unsigned, unsigned v) {
+    EmuWarp& w = emu_warp();
+    w.buf[emu_lane()] = v;
+    w.bar->arrive_and_wait();
+    unsigned r = 0;
+    for (int l = 0; l < 32; ++l) r += (unsigned)w.buf[l];
+    w.bar->arrive_and_wait();
+    return r;
+}
+
 // Every lane of the warp takes part (a full mask), as in the kernels.
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 inline unsigned __match_any_sync(unsigned, unsigned long long key) {
