@@ -65,15 +65,21 @@ __device__ __forceinline__ bool kvc_write_is_long(kvc_i64 start, kvc_i64 end, kv
     return !kvc_write_range_bad(start, end, num_tokens) && end > start && end - start > kvc::kWriteShort;
 }
 
+// The input-assert bits of a token (slot >= 0) against its expected token and position.
+template <bool INPUT_ASSERT>
+__device__ __forceinline__ int kvc_write_assert_bits_of(kvc_i64 slot, kvc_i64 tok, kvc_i64 pos, kvc_i64 expected_tok,
+                                                        kvc_i64 expected_pos) {
+    if (!INPUT_ASSERT || slot < 0) return 0;
+    return (tok != expected_tok ? kvc::WRITE_TOKEN_MISMATCH : 0) | (pos != expected_pos ? kvc::WRITE_POSITION_MISMATCH : 0);
+}
+
 // The input-assert bits of token i (slot >= 0): compared with the expected arrays.
 template <bool INPUT_ASSERT>
 __device__ __forceinline__ int kvc_write_assert_bits(const KvcTokenParams& tk, kvc_i64 slot, kvc_i64 tok, kvc_i64 pos,
                                                      kvc_i64 i) {
     if (!INPUT_ASSERT || slot < 0) return 0;
-    int bits = 0;
-    if (tok != tk.expected_input_tokens[i]) bits |= kvc::WRITE_TOKEN_MISMATCH;
-    if (pos != tk.expected_input_positions[i]) bits |= kvc::WRITE_POSITION_MISMATCH;
-    return bits;
+    return kvc_write_assert_bits_of<INPUT_ASSERT>(slot, tok, pos, tk.expected_input_tokens[i],
+                                                  tk.expected_input_positions[i]);
 }
 
 // A token's flag in one context.

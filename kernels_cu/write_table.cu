@@ -92,6 +92,25 @@ __device__ __forceinline__ kvc_i64 kvc_first_congruent(kvc_i64 base, kvc_i64 m, 
     return base + (k >= rem ? k - rem : k - rem + m);
 }
 
+namespace kvc {
+// s_seed of a row of the block's that the warp loop skips: an empty one, or a one-token one that the thread which
+// scanned it writes (kvc_wt_single). Real seeds are stored as >= -1 (every negative seed is "no seed").
+constexpr kvc_i64 kWtRowDone = -2;
+}  // namespace kvc
+
+// A one-token request of the block's (a decode row), written by the thread that scanned its row rather than by a
+// warp after the scan: its token loads go out with the row loads, at the token index the row would have if every
+// row before it had one token (`guess`; reloaded at `start` when not), and its seed records right after the
+// table, so both latencies overlap the block scan instead of following it; and one token needs no chain walk
+// (its record holds the seed's hash; the token's own mix3 is only for a next token).
+template <int NC>
+struct KvcWtSingle {
+    bool go;  // write it (kvc_wt_single) once the rows are published
+    kvc_i64 guess, start, seed;
+    KvcSeedRecord rec[NC];
+    kvc_i64 slot, tok, pos, expected_tok, expected_pos;
+};
+
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -100,15 +119,39 @@ struct KvcWtTile {
 
 // One tile of rows [tile, tile + items * KVC_WT_THREADS) of the write (SPEC §5, §10): thread tid takes rows
 // tile + tid * items + j, j < items <= ITEMS; s_start gets the rows' tile-local exclusive token offsets (and the
-// tile total after them), s_seed the seeds of the rows this block writes (else -1); `invalid` counts the invalid
-// rows this thread saw. Ends with the barrier that publishes them. ITEMS is a compile-time bound: a batch of up to
-// KVC_WT_THREADS rows runs the one-row code, without the per-item loop and its run-time checks (a decode batch).
-template <int ITEMS>
-__device__ __forceinline__ KvcWtTile kvc_wt_rows(const KvcTableParams& t, const KvcBatchParams& b, kvc_i64 tile,
-                                                 int items, kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start,
-                                                 kvc_i64* s_seed, kvc_i64* scratch, kvc_i64& invalid) {
+// tile total after them), s_seed the seeds of the rows this block writes (else -1; kvc::kWtRowDone for the rows the
+// warp loop skips); `invalid` counts the invalid rows this thread saw; `one` is the thread's first row of the
+// block's own if it is a one-token request (tok_carry: the tokens before the tile). Ends with the barrier that
+// publishes them. ITEMS is a compile-time bound: a batch of up to KVC_WT_THREADS rows runs the one-row code,
+// without the per-item loop and its run-time checks (a decode batch).
+template <int ITEMS, int NC, bool INPUT_ASSERT, class Cx>
+__device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTableParams& t, const KvcBatchParams& b,
+                                                 const KvcTokenParams& tk, kvc_i64 tile, int items, kvc_i64 tok_carry,
+                                                 kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start, kvc_i64* s_seed,
+                                                 kvc_i64* scratch, kvc_i64& invalid, KvcWtSingle<NC>& one) {
     const int tid = (int)threadIdx.x;
+    const int nctx = cx.count();
     const kvc_i64 first = tile + (kvc_i64)tid * items;
+    bool mine[ITEMS];
+    int jm = -1;  // the thread's first row of the block's own
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        mine[j] = false;
+        if (j < items && first + j < b.bs) {
+            kvc_i64 q, by_block;
+            kvc_divmod(first + j, blocks, q, by_block);
+#if KVC_WT_SPREAD
+            mine[j] = by_block == block;  // both paths give row r to block r mod G
+            const bool by_warps = mine[j];
+#else
+            kvc_i64 by_warp;
+            kvc_divmod(first + j, blocks * kvc::kWtWarps, q, by_warp);
+            const bool by_warps = by_warp / kvc::kWtWarps == block;  // the warp loop's rows
+            mine[j] = by_warps || by_block == block;
+#endif
+            if (jm < 0 && by_warps) jm = j;
+        }
+    }
     kvc_i64 rp[ITEMS], prefix[ITEMS], extend[ITEMS];
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
@@ -119,40 +162,62 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const KvcTableParams& t, const 
             extend[j] = b.extend_seq_lens[first + j];
         }
     }
+    one.go = false;
+    one.guess = jm >= 0 && first + jm < tk.num_tokens ? first + jm : kvc::NO_SLOT;
+    one.slot = kvc::NO_SLOT;
+    one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
+    if (one.guess >= 0) {
+        one.slot = tk.out_cache_loc[one.guess];
+        one.tok = tk.input_ids[one.guess];
+        one.pos = tk.positions[one.guess];
+        if (INPUT_ASSERT) {
+            one.expected_tok = tk.expected_input_tokens[one.guess];
+            one.expected_pos = tk.expected_input_positions[one.guess];
+        }
+    }
     kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
     bool some_long = false;
+    kvc_i64 len_m = 0, seed_m = kvc::NO_SLOT;  // row jm's
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
-        const kvc_i64 r = first + j;
         len[j] = 0;
         seed[j] = kvc::NO_SLOT;
-        if (j < items && r < b.bs) {
+        if (j < items && first + j < b.bs) {
             const bool valid = kvc_row_valid(rp[j], prefix[j], t.max_reqs, t.max_seq_len, t.pad_row);
             const bool active = valid && rp[j] != t.pad_row;
             invalid += valid ? 0 : 1;
             len[j] = kvc_write_len(active, extend[j]);
             some_long = some_long || len[j] > kvc::kWriteShort;
-            kvc_i64 q, by_block;
-            kvc_divmod(r, blocks, q, by_block);
-#if KVC_WT_SPREAD
-            const bool mine = by_block == block;  // both paths give row r to block r mod G
-#else
-            kvc_i64 by_warp;
-            kvc_divmod(r, blocks * kvc::kWtWarps, q, by_warp);
-            const bool mine = by_warp / kvc::kWtWarps == block || by_block == block;
-#endif
-            if (mine && kvc_has_seed(active, prefix[j], len[j]))
-                seed[j] = kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1));
+            if (mine[j] && kvc_has_seed(active, prefix[j], len[j]))
+                seed[j] = kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1)), kvc::NO_SLOT);
         }
         sum += len[j];
+        if (j == jm) {
+            len_m = len[j];
+            seed_m = seed[j];
+        }
+    }
+    // Row jm's seed records, in flight during the scan (only a seed inside the buffer has one).
+    one.seed = seed_m;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        one.rec[c] = KvcSeedRecord{0, 0, 0};
+        if (c < nctx && len_m == 1 && seed_m < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), seed_m);
     }
     KvcWtTile out;
     kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         if (j >= items) break;
+        bool done = false;
+        if (j == jm) {
+            one.start = tok_carry + run;
+            // A good range and a seed inside the buffer (else the warp loop logs the request).
+            one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
+            done = len_m == 0 || one.go;
+        }
         s_start[tid * items + j] = run;
-        s_seed[tid * items + j] = seed[j];
+        s_seed[tid * items + j] = done ? kvc::kWtRowDone : seed[j];
         run += len[j];
     }
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
@@ -160,6 +225,39 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const KvcTableParams& t, const 
     // tokens whose range turns out bad is not: the long loop checks each row).
     out.any_long = __syncthreads_or(some_long) != 0;
     return out;
+}
+
+// A one-token request (`one.go`) by its thread: SPEC §6 for one token, as kvc_write_warp_request does it for a
+// request of n = 1 (the range and the seed were checked when `go` was set).
+template <int NC, bool INPUT_ASSERT, class Cx>
+__device__ __forceinline__ void kvc_wt_single(const Cx& cx, const KvcTokenParams& tk, KvcWtSingle<NC>& one,
+                                              const bool (&position_assert)[NC], kvc_i64 (&stamped)[NC]) {
+    const int nctx = cx.count();
+    const kvc_i64 i = one.start;
+    if (i != one.guess) {  // a row before it had other than one token
+        one.slot = tk.out_cache_loc[i];
+        one.tok = tk.input_ids[i];
+        one.pos = tk.positions[i];
+        if (INPUT_ASSERT) {
+            one.expected_tok = tk.expected_input_tokens[i];
+            one.expected_pos = tk.expected_input_positions[i];
+        }
+    }
+    const int assert_bits =
+        kvc_write_assert_bits_of<INPUT_ASSERT>(one.slot, one.tok, one.pos, one.expected_tok, one.expected_pos);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c < nctx) {
+            const int flag = kvc_write_flag(one.slot, cx.ctx(c).slot_limit, assert_bits);
+            const kvc_i64 rkv = Cx::kRealKv && (flag & kvc::kFlagStamp) ? (kvc_i64)cx.fingerprint(c, one.slot) : 0;
+            kvc_u64 running;
+            kvc_i64 last_pos;
+            kvc_write_seed_state(one.rec[c], one.seed, running, last_pos);
+            const bool check_pos = one.seed >= 0 && position_assert[c];
+            stamped[c] += kvc_write_finish(cx.ctx(c), tk, true, flag, one.slot, one.tok, one.pos, rkv,
+                                           (kvc_i64)running, (kvc_i64)((kvc_u64)last_pos + 1ULL), check_pos, i);
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(KVC_WT_THREADS, KVC_WT_BLOCKS_PER_SM)
@@ -204,15 +302,20 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const int items = (int)kvc_min64(kvc::kWtRowItems, kvc_max64(1, (b.bs + KVC_WT_THREADS - 1) / KVC_WT_THREADS));
     const kvc_i64 tile_rows = (kvc_i64)items * KVC_WT_THREADS;
     for (kvc_i64 tile = 0; tile < b.bs; tile += tile_rows) {
+        KvcWtSingle<NC> one;
         const KvcWtTile rows = items == 1
-            ? kvc_wt_rows<1>(t, b, tile, 1, blocks, block, s_start, s_seed, scratch, invalid)
-            : kvc_wt_rows<kvc::kWtRowItems>(t, b, tile, items, blocks, block, s_start, s_seed, scratch, invalid);
+            ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
+                                                        s_seed, scratch, invalid, one)
+            : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry, blocks,
+                                                                       block, s_start, s_seed, scratch, invalid, one);
         const kvc_i64 tile_total = rows.total;
         const kvc_i64 tile_end = tile + kvc_min64(tile_rows, b.bs - tile);
+        if (one.go) kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, stamped);
 
         // Short, empty and bad requests: one warp each (the loop is warp-uniform).
         for (kvc_i64 r = kvc_first_congruent(tile, warps, gwarp); r < tile_end; r += warps) {
             const kvc_i64 i = r - tile;
+            if (s_seed[i] == kvc::kWtRowDone) continue;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (kvc_write_is_long(start, end, tk.num_tokens)) continue;
             kvc_write_warp_request<NC, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i], position_assert,

@@ -244,6 +244,27 @@ def test_write_table_many_rows(cuda_ready, rows):
     run_write_table(b, cases, make_write_tokens(rng, b), paged=False, rng=rng)
 
 
+@pytest.mark.parametrize("rows, n_contexts, mode, assert_on", [
+    (256, 1, Mode.NONE, False), (256, 2, Mode.PARTIAL, True), (1000, 1, Mode.NONE, True), (1000, 5, Mode.ALL, False),
+    (2500, 2, Mode.NONE, False)])
+def test_write_table_decode_batches(cuda_ready, rows, n_contexts, mode, assert_on):
+    """Decode batches (one token per active row) with padding and invalid rows among them: the one-token rows are
+    written by the thread that scanned them, from token loads at the row's index (right until the first row
+    without a token, reloaded after) and seed records loaded during the row scan; rows with a bad seed or a token
+    range past the arrays (``short``) take the warp loop. 1, 4 and 4 rows per thread (2500: several tiles)."""
+    rng = rng_for("write_table-decode", rows, n_contexts, int(mode), assert_on)
+    n = size(rows, min(rows, 300))
+    b, cases = setup(rng, block_size=16, window=int(rng.choice([0, 9])), pad_row=-1, n_contexts=n_contexts,
+                     n_active=n, max_blocks=8, extend_cycle=(1,), n_padding=max(2, n // 50), n_invalid=max(2, n // 60),
+                     n_sources=0 if mode == Mode.NONE else 2, mode=mode)
+    written = 0
+    for short in (0, 3):
+        tokens = make_write_tokens(rng, b, assert_on=assert_on, short=short, out_of_range=0.05, skip=0.05)
+        gpu, _ = run_write_table(b, cases, tokens, paged=bool(short), rng=rng)
+        written += sum(int(g.log.slot_counter[0]) - int(c.log.slot_counter[0]) for g, c in zip(gpu, cases))
+    assert written > n_contexts * n // 2  # every context stamped most rows' tokens
+
+
 def test_write_table_equals_plan_then_write_on_gpu(cuda_ready):
     rng = rng_for("write_table-two-pass")
     for block_size, window, pad_row in PARAMS[:4]:
