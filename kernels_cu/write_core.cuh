@@ -163,9 +163,14 @@ __device__ __forceinline__ void kvc_write_seed(const KvcContextParams& c, kvc_i6
     kvc_write_seed_state(kvc_write_seed_load(c, seed), seed, running, last_pos);
 }
 
+// A context's chain position flag (0 when it has none): the assert is on when it is not 0.
+__device__ __forceinline__ int kvc_position_flag_load(const KvcContextParams& c) {
+    return c.chain_position_flag != nullptr ? *c.chain_position_flag : 0;
+}
+
 // Whether the chain position assert is on for a context (its device flag; read once per launch).
 __device__ __forceinline__ bool kvc_position_assert(const KvcContextParams& c) {
-    return c.chain_position_flag != nullptr && *c.chain_position_flag != 0;
+    return kvc_position_flag_load(c) != 0;
 }
 
 // The rows of a request that writes nothing in any context: a bad token range, or a seed outside the buffer.

@@ -121,37 +121,21 @@ struct KvcWtTile {
 // tile + tid * items + j, j < items <= ITEMS; s_start gets the rows' tile-local exclusive token offsets (and the
 // tile total after them), s_seed the seeds of the rows this block writes (else -1; kvc::kWtRowDone for the rows the
 // warp loop skips); `invalid` counts the invalid rows this thread saw; `one` is the thread's first row of the
-// block's own if it is a one-token request (tok_carry: the tokens before the tile). Ends with the barrier that
-// publishes them. ITEMS is a compile-time bound: a batch of up to KVC_WT_THREADS rows runs the one-row code,
+// block's own if it is a one-token request (tok_carry: the tokens before the tile); position_flag gets each
+// context's chain position flag (0 when it has none). Ends with the barrier that publishes them. ITEMS is a compile-time bound: a batch of up to KVC_WT_THREADS rows runs the one-row code,
 // without the per-item loop and its run-time checks (a decode batch).
 template <int ITEMS, int NC, bool INPUT_ASSERT, class Cx>
 __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTableParams& t, const KvcBatchParams& b,
                                                  const KvcTokenParams& tk, kvc_i64 tile, int items, kvc_i64 tok_carry,
                                                  kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start, kvc_i64* s_seed,
-                                                 kvc_i64* scratch, kvc_i64& invalid, KvcWtSingle<NC>& one) {
+                                                 kvc_i64* scratch, kvc_i64& invalid, KvcWtSingle<NC>& one,
+                                                 int (&position_flag)[NC]) {
     const int tid = (int)threadIdx.x;
     const int nctx = cx.count();
     const kvc_i64 first = tile + (kvc_i64)tid * items;
-    bool mine[ITEMS];
-    int jm = -1;  // the thread's first row of the block's own
-#pragma unroll
-    for (int j = 0; j < ITEMS; ++j) {
-        mine[j] = false;
-        if (j < items && first + j < b.bs) {
-            kvc_i64 q, by_block;
-            kvc_divmod(first + j, blocks, q, by_block);
-#if KVC_WT_SPREAD
-            mine[j] = by_block == block;  // both paths give row r to block r mod G
-            const bool by_warps = mine[j];
-#else
-            kvc_i64 by_warp;
-            kvc_divmod(first + j, blocks * kvc::kWtWarps, q, by_warp);
-            const bool by_warps = by_warp / kvc::kWtWarps == block;  // the warp loop's rows
-            mine[j] = by_warps || by_block == block;
-#endif
-            if (jm < 0 && by_warps) jm = j;
-        }
-    }
+    // The row loads first: they start the critical path (rows -> table -> seed record). Then the contexts' position
+    // flags, compared only where used (a flag compared here would hold every warp for a load latency before its
+    // row loads were issued: Nsight Compute, H200).
     kvc_i64 rp[ITEMS], prefix[ITEMS], extend[ITEMS];
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
@@ -160,6 +144,36 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             rp[j] = b.req_pool_indices[first + j];
             prefix[j] = b.prefix_lens[first + j];
             extend[j] = b.extend_seq_lens[first + j];
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
+    bool mine[ITEMS];
+    int jm = -1;  // the thread's first row of the block's own
+#if KVC_WT_SPREAD
+    // Both paths give row r to block r mod G: one division for the thread's first row (none below G), then a
+    // count for the next ones (a decode batch's threads are on the critical path, and each division is a long
+    // sequence of instructions).
+    kvc_i64 by_block = first, q;
+    if (first >= blocks) kvc_divmod(first, blocks, q, by_block);
+#endif
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        mine[j] = false;
+        if (j < items && first + j < b.bs) {
+#if KVC_WT_SPREAD
+            mine[j] = by_block == block;
+            const bool by_warps = mine[j];
+            by_block = by_block + 1 == blocks ? 0 : by_block + 1;
+#else
+            kvc_i64 q, by_block;
+            kvc_divmod(first + j, blocks, q, by_block);
+            kvc_i64 by_warp;
+            kvc_divmod(first + j, blocks * kvc::kWtWarps, q, by_warp);
+            const bool by_warps = by_warp / kvc::kWtWarps == block;  // the warp loop's rows
+            mine[j] = by_warps || by_block == block;
+#endif
+            if (jm < 0 && by_warps) jm = j;
         }
     }
     one.go = false;
@@ -286,13 +300,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         for (int c = 0; c < NC; ++c)
             if (c < nctx) kvc_counter_add(p.ctx[c].kernel_run_counter, 1);
     }
-    bool position_assert[NC];
     kvc_i64 stamped[NC];  // per thread, summed per warp at the end
 #pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        position_assert[c] = c < nctx && kvc_position_assert(p.ctx[c]);
-        stamped[c] = 0;
-    }
+    for (int c = 0; c < NC; ++c) stamped[c] = 0;
 
     kvc_i64 tok_carry = 0;  // tokens of the rows before the tile
     kvc_i64 invalid = 0;    // invalid rows this thread saw
@@ -303,11 +313,16 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const kvc_i64 tile_rows = (kvc_i64)items * KVC_WT_THREADS;
     for (kvc_i64 tile = 0; tile < b.bs; tile += tile_rows) {
         KvcWtSingle<NC> one;
+        int position_flag[NC];
         const KvcWtTile rows = items == 1
             ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
-                                                        s_seed, scratch, invalid, one)
+                                                        s_seed, scratch, invalid, one, position_flag)
             : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry, blocks,
-                                                                       block, s_start, s_seed, scratch, invalid, one);
+                                                                       block, s_start, s_seed, scratch, invalid, one,
+                                                                       position_flag);
+        bool position_assert[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) position_assert[c] = position_flag[c] != 0;
         const kvc_i64 tile_total = rows.total;
         const kvc_i64 tile_end = tile + kvc_min64(tile_rows, b.bs - tile);
         if (one.go) kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, stamped);
