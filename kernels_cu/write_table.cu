@@ -13,15 +13,19 @@
 // cover the batch in one tile: pool index,
 // prefix, extend; a block-wide exclusive sum of the write lengths gives the rows' token offsets in shared
 // memory); a row's seed (the table entry of position prefix - 1, through the LUT) is read only by the block that
-// writes the row, right after the row itself, so its latency overlaps the scan. Then write_core.cuh's machinery:
-//  * short, empty and bad requests: one warp each; row r goes to block r mod G, its warp (r / G) mod
+// writes the row, right after the row itself, so its latency overlaps the scan. Then:
+//  * one-token requests (a decode batch): by the thread that scanned the row (kvc_wt_single); it issued the
+//    token loads with its row loads (at the row's index, right while every earlier row has one token) and the
+//    seed records right after the table, so only the record store is left after the scan (on an H200, with the
+//    loads reordered below, A decode in a graph 3.85 -> 3.01 us, B 5.59 -> 4.16); empty rows need nothing;
+//    and write_core.cuh's machinery for the rest:
+//  * short and bad requests: one warp each; row r goes to block r mod G, its warp (r / G) mod
 //    kvc::kWtWarps (KVC_WT_SPREAD: a decode batch spread over every SM; measured on an H200, A decode in a graph
 //    5.7 -> 5.3 us with the per-block stamp counts below, B 8.6 -> 7.4);
 //  * long requests: the whole block; row r goes to block r mod G (the walkers are lanes 0 .. contexts-1 of
 //    warp 0, one chain per context, in lockstep; the workers are threads 32 .. 32 + kvc::kWtTile - 1).
 // The grid is fixed by the SM count (never by the batch); the counts are read on the device. A decode batch of
-// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one scan, then every
-// request's token, seed-record and real-KV loads in parallel.
+// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one scan, then the stores.
 //
 // Counters: per context kernel_run_counter += 1 (block 0) and slot_run_counter += the stamped slots (one atomic
 // per block, KVC_WT_BLOCK_STAMPS); invalid_rows (if given) is SET by block 0, which walks every row. Rows, RT(),
