@@ -70,7 +70,8 @@ template <bool INPUT_ASSERT>
 __device__ __forceinline__ int kvc_write_assert_bits_of(kvc_i64 slot, kvc_i64 tok, kvc_i64 pos, kvc_i64 expected_tok,
                                                         kvc_i64 expected_pos) {
     if (!INPUT_ASSERT || slot < 0) return 0;
-    return (tok != expected_tok ? kvc::WRITE_TOKEN_MISMATCH : 0) | (pos != expected_pos ? kvc::WRITE_POSITION_MISMATCH : 0);
+    return (tok != expected_tok ? kvc::WRITE_TOKEN_MISMATCH : 0) |
+           (pos != expected_pos ? kvc::WRITE_POSITION_MISMATCH : 0);
 }
 
 // The input-assert bits of token i (slot >= 0): compared with the expected arrays.

@@ -115,6 +115,18 @@ struct KvcWtSingle {
     kvc_i64 slot, tok, pos, expected_tok, expected_pos;
 };
 
+// Token i's slot, id and position (and its expected ones with the input assert) into `one`.
+template <int NC, bool INPUT_ASSERT>
+__device__ __forceinline__ void kvc_wt_single_tokens(const KvcTokenParams& tk, kvc_i64 i, KvcWtSingle<NC>& one) {
+    one.slot = tk.out_cache_loc[i];
+    one.tok = tk.input_ids[i];
+    one.pos = tk.positions[i];
+    if (INPUT_ASSERT) {
+        one.expected_tok = tk.expected_input_tokens[i];
+        one.expected_pos = tk.expected_input_positions[i];
+    }
+}
+
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -126,8 +138,9 @@ struct KvcWtTile {
 // tile total after them), s_seed the seeds of the rows this block writes (else -1; kvc::kWtRowDone for the rows the
 // warp loop skips); `invalid` counts the invalid rows this thread saw; `one` is the thread's first row of the
 // block's own if it is a one-token request (tok_carry: the tokens before the tile); position_flag gets each
-// context's chain position flag (0 when it has none). Ends with the barrier that publishes them. ITEMS is a compile-time bound: a batch of up to KVC_WT_THREADS rows runs the one-row code,
-// without the per-item loop and its run-time checks (a decode batch).
+// context's chain position flag (0 when it has none). Ends with the barrier that publishes them. ITEMS is a
+// compile-time bound: a batch of up to KVC_WT_THREADS rows runs the one-row code, without the per-item loop and
+// its run-time checks (a decode batch).
 template <int ITEMS, int NC, bool INPUT_ASSERT, class Cx>
 __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTableParams& t, const KvcBatchParams& b,
                                                  const KvcTokenParams& tk, kvc_i64 tile, int items, kvc_i64 tok_carry,
@@ -184,15 +197,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     one.guess = jm >= 0 && first + jm < tk.num_tokens ? first + jm : kvc::NO_SLOT;
     one.slot = kvc::NO_SLOT;
     one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
-    if (one.guess >= 0) {
-        one.slot = tk.out_cache_loc[one.guess];
-        one.tok = tk.input_ids[one.guess];
-        one.pos = tk.positions[one.guess];
-        if (INPUT_ASSERT) {
-            one.expected_tok = tk.expected_input_tokens[one.guess];
-            one.expected_pos = tk.expected_input_positions[one.guess];
-        }
-    }
+    if (one.guess >= 0) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, one.guess, one);
     kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
     bool some_long = false;
     kvc_i64 len_m = 0, seed_m = kvc::NO_SLOT;  // row jm's
@@ -230,7 +235,9 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
         bool done = false;
         if (j == jm) {
             one.start = tok_carry + run;
-            // A good range and a seed inside the buffer (else the warp loop logs the request).
+            // A good range and a seed inside the buffer (else the warp loop logs the request). The seed test is
+            // also the seed loads' above; naming it once moved nvcc's scheduling of this kernel, so it stays as it
+            // was measured.
             one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
             done = len_m == 0 || one.go;
         }
@@ -252,15 +259,8 @@ __device__ __forceinline__ void kvc_wt_single(const Cx& cx, const KvcTokenParams
                                               const bool (&position_assert)[NC], kvc_i64 (&stamped)[NC]) {
     const int nctx = cx.count();
     const kvc_i64 i = one.start;
-    if (i != one.guess) {  // a row before it had other than one token
-        one.slot = tk.out_cache_loc[i];
-        one.tok = tk.input_ids[i];
-        one.pos = tk.positions[i];
-        if (INPUT_ASSERT) {
-            one.expected_tok = tk.expected_input_tokens[i];
-            one.expected_pos = tk.expected_input_positions[i];
-        }
-    }
+    // Reloaded when a row before it had other than one token.
+    if (i != one.guess) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, i, one);
     const int assert_bits =
         kvc_write_assert_bits_of<INPUT_ASSERT>(one.slot, one.tok, one.pos, one.expected_tok, one.expected_pos);
 #pragma unroll
@@ -311,8 +311,8 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     kvc_i64 tok_carry = 0;  // tokens of the rows before the tile
     kvc_i64 invalid = 0;    // invalid rows this thread saw
     // Rows per thread: as few as cover the batch in one tile (at most kWtRowItems), so a small decode batch
-    // spreads its row loads and seed reads over the most threads (measured on an H200: A decode 7.3 -> 5.7 us in a graph)
-    // while a large one still takes one tile.
+    // spreads its row loads and seed reads over the most threads (measured on an H200: A decode 7.3 -> 5.7 us in a
+    // graph) while a large one still takes one tile.
     const int items = (int)kvc_min64(kvc::kWtRowItems, kvc_max64(1, (b.bs + KVC_WT_THREADS - 1) / KVC_WT_THREADS));
     const kvc_i64 tile_rows = (kvc_i64)items * KVC_WT_THREADS;
     for (kvc_i64 tile = 0; tile < b.bs; tile += tile_rows) {
