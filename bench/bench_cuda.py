@@ -19,7 +19,8 @@ SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / `
 one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch) and ``gather_floor``
 (not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
 plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
-GPU, measured in the same run); ``write_floor`` (decode shapes only; not a kvcanary op: a bare kernel doing only the
+GPU, measured in the same run); ``gather_floor_kv`` (the same of a K and a V buffer: the table once, both
+buffers' records: the floor of ``verify_table_kv``); ``write_floor`` (decode shapes only; not a kvcanary op: a bare kernel doing only the
 three dependent loads a plan-free decode write cannot avoid - row, table entry of the seed, seed record - and the
 record store, no row scan, checks, counters or log: the latency floor of that write on this GPU).
 
@@ -91,25 +92,29 @@ SHAPES = {
 # Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
 # plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
 BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68,
-                  "gather_floor": 36, "random_reads": 32}
-PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32, "random_reads": 32}
+                  "gather_floor": 36, "gather_floor_kv": 68, "random_reads": 32}
+PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32, "gather_floor_kv": 64,
+                          "random_reads": 32}
 ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-           "random_reads", "write_floor")
+           "gather_floor_kv", "random_reads", "write_floor")
 DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-               "random_reads", "write_floor")
-VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "random_reads")
+               "gather_floor_kv", "random_reads", "write_floor")
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "gather_floor_kv", "random_reads")
 
 # The floor of the plan-free verify's memory traffic on this GPU (not kvcanary ops). gather_floor reads the same
 # table entries and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row)
 # in the same order as a one-buffer verify, with every check, hash and append left out; random_reads reads as
-# many random 32-byte records of the same buffer (addresses from a hash of the index: no table at all). Each is
+# many random 32-byte records of the same buffer (addresses from a hash of the index: no table at all);
+# gather_floor_kv reads the table once and, per entry, the slot's record (and real KV) in a K and in a V buffer, as
+# the K + V verify (verify_table_kv) does. Each is
 # timed at several launch geometries (entries per thread U in {1, 2, 4} x blocks of 256 threads per SM in
 # {2, 4, 8}) and the fastest is kept: no verify kernel can read those bytes faster than these bare reads do.
 FLOOR_SRC = r"""
-template <int U>
+template <int U, bool TWO>
 __device__ __forceinline__ void kvc_bench_gather(const int* __restrict__ table, long long cols, unsigned int bs,
         unsigned int prefix, const ulonglong2* __restrict__ rec, unsigned long long nrec,
-        const ulonglong2* __restrict__ kv, long long kv_row16, unsigned long long* __restrict__ out) {
+        const ulonglong2* __restrict__ kv, long long kv_row16, unsigned long long* __restrict__ out,
+        const ulonglong2* __restrict__ rec2, const ulonglong2* __restrict__ kv2) {
     const unsigned int n = bs * prefix;
     const unsigned int step = blockDim.x * U;
     unsigned long long acc = 0;
@@ -129,18 +134,26 @@ __device__ __forceinline__ void kvc_bench_gather(const int* __restrict__ table, 
                 }
             }
         }
-        ulonglong2 a[U], b[U], k[U];
+        ulonglong2 a[U], b[U], k[U], a2[U], b2[U], k2[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            a[u] = b[u] = k[u] = make_ulonglong2(0, 0);
+            a[u] = b[u] = k[u] = a2[u] = b2[u] = k2[u] = make_ulonglong2(0, 0);
             if (slot[u] >= 0) {
                 a[u] = __ldg(rec + 2 * slot[u]);
                 b[u] = __ldg(rec + 2 * slot[u] + 1);
                 if (kv != nullptr) k[u] = __ldg(kv + kv_row16 * slot[u]);
+                if (TWO) {  // the V buffer's record (and real KV) of the same slot
+                    a2[u] = __ldg(rec2 + 2 * slot[u]);
+                    b2[u] = __ldg(rec2 + 2 * slot[u] + 1);
+                    if (kv2 != nullptr) k2[u] = __ldg(kv2 + kv_row16 * slot[u]);
+                }
             }
         }
 #pragma unroll
-        for (int u = 0; u < U; ++u) acc ^= a[u].x ^ a[u].y ^ b[u].x ^ b[u].y ^ k[u].x ^ k[u].y;
+        for (int u = 0; u < U; ++u) {
+            acc ^= a[u].x ^ a[u].y ^ b[u].x ^ b[u].y ^ k[u].x ^ k[u].y;
+            if (TWO) acc ^= a2[u].x ^ a2[u].y ^ b2[u].x ^ b2[u].y ^ k2[u].x ^ k2[u].y;
+        }
     }
     if (acc == 0x9E3779B97F4A7C15ull) out[0] = acc;  // never true in practice; keeps the loads
 }
@@ -148,7 +161,13 @@ __device__ __forceinline__ void kvc_bench_gather(const int* __restrict__ table, 
     extern "C" __global__ void __launch_bounds__(256) kvc_bench_floor_u##U(const int* table, long long cols,     \
             unsigned int bs, unsigned int prefix, const ulonglong2* rec, unsigned long long nrec,                \
             const ulonglong2* kv, long long kv_row16, unsigned long long* out) {                                 \
-        kvc_bench_gather<U>(table, cols, bs, prefix, rec, nrec, kv, kv_row16, out);                              \
+        kvc_bench_gather<U, false>(table, cols, bs, prefix, rec, nrec, kv, kv_row16, out, nullptr, nullptr);     \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(256) kvc_bench_floor_kv_u##U(const int* table, long long cols,  \
+            unsigned int bs, unsigned int prefix, const ulonglong2* rec, unsigned long long nrec,                \
+            const ulonglong2* kv, long long kv_row16, unsigned long long* out, const ulonglong2* rec2,           \
+            const ulonglong2* kv2) {                                                                             \
+        kvc_bench_gather<U, true>(table, cols, bs, prefix, rec, nrec, kv, kv_row16, out, rec2, kv2);             \
     }
 KVC_BENCH_FLOOR(1)
 KVC_BENCH_FLOOR(2)
@@ -389,21 +408,25 @@ class Case:
             contexts=contexts or (self.ctx,), req_pool_indices=self.rpi,
             prefix_lens=self.step_prefix if prefix_lens is None else prefix_lens, req_to_token=self.req_to_token)
 
-    def _floor_launcher(self, with_table: bool, timer: Timer):
-        """The fastest geometry of the bare read (see FLOOR_SRC), picked by timing each once (10 runs)."""
+    def _floor_launcher(self, with_table: bool, timer: Timer, two: bool = False):
+        """The fastest geometry of the bare read (see FLOOR_SRC), picked by timing each once (10 runs); `two`: of
+        the K and the V buffer (gather_floor_kv)."""
         import cupy
 
         mod = cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17",))
         out = torch.zeros(1, dtype=torch.int64, device=self.device)
-        kv = self.ctx.real_kv_sources[0].tensor if self.mode != RealKvHashMode.NONE else None
+        kv, kv2 = ((self.ctx.real_kv_sources[0].tensor, self.ctx_v.real_kv_sources[0].tensor)
+                   if self.mode != RealKvHashMode.NONE else (None, None))
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
         args = (cupy.uint64(self.req_to_token.data_ptr() if with_table else 0), cupy.int64(self.req_to_token.shape[1]),
                 cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
                 cupy.uint64(self.num_slots), cupy.uint64(0 if kv is None else kv.data_ptr()),
                 cupy.int64(REAL_KV_ROW_BYTES // 16), cupy.uint64(out.data_ptr()))
+        if two:
+            args += (cupy.uint64(self.canary_v.data_ptr()), cupy.uint64(0 if kv2 is None else kv2.data_ptr()))
 
         def make(u: int, b: int):
-            fn = mod.get_function(f"kvc_bench_floor_u{u}")
+            fn = mod.get_function(f"kvc_bench_floor{'_kv' if two else ''}_u{u}")
 
             def run():
                 with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
@@ -415,10 +438,10 @@ class Case:
         best = min((timer.eager(make(u, b), runs=10, warmup=2), u, b) for u, b in FLOOR_GEOMETRIES)
         return make(best[1], best[2])
 
-    def floor_op(self, with_table: bool, timer: Timer):
-        key = "_gather" if with_table else "_random"
+    def floor_op(self, with_table: bool, timer: Timer, two: bool = False):
+        key = ("_gather" if with_table else "_random") + ("_kv" if two else "")
         if not hasattr(self, key):
-            setattr(self, key, self._floor_launcher(with_table, timer))
+            setattr(self, key, self._floor_launcher(with_table, timer, two))
         return getattr(self, key)
 
     def write_floor_op(self, timer: Timer):
@@ -699,6 +722,8 @@ def main(argv=None) -> int:
                              case.bs * case.prefix),
             "random_reads": (case.floor_op(False, timer) if "random_reads" in wanted_ops and case.prefix else None,
                              case.bs * case.prefix),
+            "gather_floor_kv": (case.floor_op(True, timer, two=True)
+                                if "gather_floor_kv" in wanted_ops and case.prefix else None, case.bs * case.prefix),
             "write_floor": (case.write_floor_op(timer) if "write_floor" in wanted_ops and case.extend == 1 else None,
                             case.bs),
             "scatter": (case.scatter, case.bs * case.L),
@@ -735,8 +760,8 @@ def main(argv=None) -> int:
         "",
         "B/unit: nominal for plan (36), verify (88), write (56), scatter (12), real KV not counted; the byte minimum "
         "for verify_table (36 per entry, +32 in PARTIAL) and verify_table_kv (68, +64); the bare reads: "
-        "gather_floor as verify_table, random_reads 32 per read (+32 in PARTIAL, so its share compares with "
-        "gather_floor's). % copy = units * B/unit / "
+        "gather_floor as verify_table, gather_floor_kv as verify_table_kv, random_reads 32 per read (+32 in "
+        "PARTIAL, so its share compares with gather_floor's). % copy = units * B/unit / "
         "time over the copy bandwidth. host µs = CPU time of one public-op call (median). ns/token = write time "
         "(better of eager and graph) / extend. Floor geometries (entries per thread x blocks per SM, the fastest of "
         "9): " + (", ".join(floor_geometries) or "-") + ".",
