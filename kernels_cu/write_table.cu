@@ -12,7 +12,8 @@
 // tiles of items * KVC_WT_THREADS rows (each thread `items` consecutive rows, 1 .. kvc::kWtRowItems, as few as
 // cover the batch in one tile: pool index,
 // prefix, extend; a block-wide exclusive sum of the write lengths gives the rows' token offsets in shared
-// memory); a row's seed (the table entry of position prefix - 1, through the LUT) is read only by the block that
+// memory, except in a tile whose rows all have one token, a decode batch's, where a row's offset is its index and
+// the barrier that publishes the rows tells whether that held); a row's seed (the table entry of position prefix - 1, through the LUT) is read only by the block that
 // writes the row, right after the row itself, so its latency overlaps the scan. Then:
 //  * one-token requests (a decode batch): by the thread that scanned the row (kvc_wt_single); it issued the
 //    token loads with its row loads (at the row's index, right while every earlier row has one token) and the
@@ -25,7 +26,7 @@
 //  * long requests: the whole block; row r goes to block r mod G (the walkers are lanes 0 .. contexts-1 of
 //    warp 0, one chain per context, in lockstep; the workers are threads 32 .. 32 + kvc::kWtTile - 1).
 // The grid is fixed by the SM count (never by the batch); the counts are read on the device. A decode batch of
-// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one scan, then the stores.
+// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one barrier, then the stores.
 //
 // Counters: per context kernel_run_counter += 1 (block 0) and slot_run_counter += the stamped slots (one atomic
 // per block, KVC_WT_BLOCK_STAMPS); invalid_rows (if given) is SET by block 0, which walks every row. Rows, RT(),
@@ -133,6 +134,31 @@ struct KvcWtTile {
     bool any_long;  // some row has more than kvc::kWriteShort tokens (so the long-request loop has work)
 };
 
+// Thread tid's rows into shared memory, from `run`, the tile-local token offset of its first row: s_start gets
+// each row's offset, s_seed its seed (kvc::kWtRowDone for the rows the warp loop skips); row jm (the thread's
+// first row of the block's own) becomes `one` (go: a one-token request this thread writes).
+template <int ITEMS, int NC, class Cx>
+__device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParams& tk, kvc_i64 run, kvc_i64 tok_carry,
+                                               int items, const kvc_i64 (&len)[ITEMS], const kvc_i64 (&seed)[ITEMS],
+                                               int jm, kvc_i64 len_m, kvc_i64 seed_m, kvc_i64* s_start,
+                                               kvc_i64* s_seed, KvcWtSingle<NC>& one) {
+    const int tid = (int)threadIdx.x;
+#pragma unroll
+    for (int j = 0; j < ITEMS; ++j) {
+        if (j >= items) break;
+        bool done = false;
+        if (j == jm) {
+            one.start = tok_carry + run;
+            // A good range and a seed inside the buffer (else the warp loop logs the request).
+            one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
+            done = len_m == 0 || one.go;
+        }
+        s_start[tid * items + j] = run;
+        s_seed[tid * items + j] = done ? kvc::kWtRowDone : seed[j];
+        run += len[j];
+    }
+}
+
 // One tile of rows [tile, tile + items * KVC_WT_THREADS) of the write (SPEC §5, §10): thread tid takes rows
 // tile + tid * items + j, j < items <= ITEMS; s_start gets the rows' tile-local exclusive token offsets (and the
 // tile total after them), s_seed the seeds of the rows this block writes (else -1; kvc::kWtRowDone for the rows the
@@ -199,7 +225,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
     if (one.guess >= 0) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, one.guess, one);
     kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
-    bool some_long = false;
+    bool some_long = false, ones = true;  // ones: every row of the thread's has one token
     kvc_i64 len_m = 0, seed_m = kvc::NO_SLOT;  // row jm's
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
@@ -211,6 +237,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             invalid += valid ? 0 : 1;
             len[j] = kvc_write_len(active, extend[j]);
             some_long = some_long || len[j] > kvc::kWriteShort;
+            ones = ones && len[j] == 1;
             if (mine[j] && kvc_has_seed(active, prefix[j], len[j]))
                 seed[j] = kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1)), kvc::NO_SLOT);
         }
@@ -227,24 +254,20 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
         one.rec[c] = KvcSeedRecord{0, 0, 0};
         if (c < nctx && len_m == 1 && seed_m < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), seed_m);
     }
+    // The rows' tile-local token offsets. When every row of the tile has one token (a decode batch) a row's offset
+    // is its index: the rows are published at once, and the barrier that publishes them also tells whether that
+    // held; only when not does the block scan (three more barriers) run and the rows get published again. (Offsets
+    // past the tile's last row are never read.)
+    const kvc_i64 n_rows = kvc_min64((kvc_i64)items * KVC_WT_THREADS, b.bs - tile);
     KvcWtTile out;
-    kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
-#pragma unroll
-    for (int j = 0; j < ITEMS; ++j) {
-        if (j >= items) break;
-        bool done = false;
-        if (j == jm) {
-            one.start = tok_carry + run;
-            // A good range and a seed inside the buffer (else the warp loop logs the request). The seed test is
-            // also the seed loads' above; naming it once moved nvcc's scheduling of this kernel, so it stays as it
-            // was measured.
-            one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
-            done = len_m == 0 || one.go;
-        }
-        s_start[tid * items + j] = run;
-        s_seed[tid * items + j] = done ? kvc::kWtRowDone : seed[j];
-        run += len[j];
-    }
+    out.total = n_rows;
+    out.any_long = false;
+    kvc_wt_publish<ITEMS>(cx, tk, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
+                          s_seed, one);
+    if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = n_rows;
+    if (__syncthreads_and(ones)) return out;
+    const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
+    kvc_wt_publish<ITEMS>(cx, tk, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
     // The barrier that publishes the rows also tells whether any row may be long (a row of more than kWriteShort
     // tokens whose range turns out bad is not: the long loop checks each row).

@@ -1,10 +1,10 @@
 // A host emulation of the small part of CUDA kvcanary's kernels use, to run the real kernel sources on the CPU
 // (tests/ops/test_kernels_emulated.py). Every CUDA thread of a block is an OS thread; blocks run one after the
-// other. __syncthreads / __syncthreads_or are block barriers and every warp-collective intrinsic (shuffles,
-// ballot, match) is a barrier of the warp's 32 threads: a barrier or collective that not every thread reaches
-// deadlocks here (the test's timeout reports it) instead of passing by luck. __shared__ variables are function
-// statics (one block at a time, so one copy per block). Only full-mask collectives are supported, which is all
-// the kernels use.
+// other. __syncthreads / __syncthreads_or / __syncthreads_and are block barriers and every warp-collective
+// intrinsic (shuffles, ballot, match) is a barrier of the warp's 32 threads: a barrier or collective that not
+// every thread reaches deadlocks here (the test's timeout reports it) instead of passing by luck. __shared__
+// variables are function statics (one block at a time, so one copy per block). Only full-mask collectives are
+// supported, which is all the kernels use.
 #pragma once
 
 #include <atomic>
@@ -74,6 +74,7 @@ inline int __syncthreads_or(int pred) {
     __syncthreads();
     return r;
 }
+inline int __syncthreads_and(int pred) { return !__syncthreads_or(!pred); }
 inline void __syncwarp(unsigned = 0xffffffffu) { emu_warp().bar->arrive_and_wait(); }
 
 template <class T>
