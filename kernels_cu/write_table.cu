@@ -373,7 +373,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
                                                                              position_assert, stamped, sm);
         }
         tok_carry += tile_total;
-        __syncthreads();  // the tile's shared rows are read until here
+        // The tile's shared rows are read until here. Not after the last tile: what follows uses other shared
+        // memory (scratch, the stamp sums), behind barriers of its own.
+        if (tile + tile_rows < b.bs) __syncthreads();
     }
 
     if (block == 0 && b.invalid_rows != nullptr) {  // block 0 walked every row; no count asked, no extra scan
