@@ -10,11 +10,12 @@
 //
 // §5's write metadata is computed in the kernel, with no plan and no scratch: every block walks the rows in
 // tiles of items * KVC_WT_THREADS rows (each thread `items` consecutive rows, 1 .. kvc::kWtRowItems, as few as
-// cover the batch in one tile: pool index,
-// prefix, extend; a block-wide exclusive sum of the write lengths gives the rows' token offsets in shared
-// memory, except in a tile whose rows all have one token, a decode batch's, where a row's offset is its index and
-// the barrier that publishes the rows tells whether that held); a row's seed (the table entry of position prefix - 1, through the LUT) is read only by the block that
-// writes the row, right after the row itself, so its latency overlaps the scan. Then:
+// cover the batch in one tile: pool index, prefix, extend; a block-wide exclusive sum of the write lengths gives
+// the rows' token offsets in shared memory, except in a tile whose rows all have one token, a decode batch's,
+// where a row's offset is its index and the barrier that publishes the rows tells whether that held: on an H200,
+// A decode in a graph 3.01 -> 2.75 us, B 4.18 -> 4.07); a row's seed (the table entry of position prefix - 1,
+// through the LUT) is read only by the block that writes the row, right after the row itself, so its latency
+// overlaps the scan. Then:
 //  * one-token requests (a decode batch): by the thread that scanned the row (kvc_wt_single); it issued the
 //    token loads with its row loads (at the row's index, right while every earlier row has one token) and the
 //    seed records right after the table, so only the record store is left after the scan (on an H200, with the
@@ -374,7 +375,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         }
         tok_carry += tile_total;
         // The tile's shared rows are read until here. Not after the last tile: what follows uses other shared
-        // memory (scratch, the stamp sums), behind barriers of its own.
+        // memory (scratch, the stamp sums), behind barriers of its own (H200, B decode in a graph 4.07 -> 4.02 us).
         if (tile + tile_rows < b.bs) __syncthreads();
     }
 

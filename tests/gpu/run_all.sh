@@ -21,7 +21,7 @@
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
 # 7. ncu        - Nsight Compute counters of the plan-free verify (B; A with the L2 warm) and of the decode writes
-#                 (A), instructions executed included (bench/profile_verify_table.py)
+#                 (A; the plan-free one at B too), instructions executed included (bench/profile_verify_table.py)
 # 8. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
 #                 sweep (writes $OUT/tune_<kernel>.md; TUNE_ARGS, T_TUNE)
 #
@@ -272,6 +272,10 @@ if has_part ncu; then
         "$NCU" --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy "${INST[@]}" \
             "$PY" bench/profile_verify_table.py --shape A --op write_table >> "$OUT/ncu.log" 2>&1 || rc=1
+        # B (1024 rows: every block reads them all, four per thread): where its time above A's goes.
+        "$NCU" --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 \
+            --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis --section SourceCounters \
+            "${INST[@]}" "$PY" bench/profile_verify_table.py --shape B --op write_table >> "$OUT/ncu.log" 2>&1 || rc=1
         "$NCU" --clock-control none -k 'regex:^kvc_write$' --launch-skip 4 --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy "${INST[@]}" \
             "$PY" bench/profile_verify_table.py --shape A --op write >> "$OUT/ncu.log" 2>&1 || rc=1
