@@ -265,6 +265,24 @@ def test_write_table_decode_batches(cuda_ready, rows, n_contexts, mode, assert_o
     assert written > n_contexts * n // 2  # every context stamped most rows' tokens
 
 
+@pytest.mark.parametrize("rows, extend_cycle, n_invalid, n_contexts, mode", [
+    (256, (1,), 0, 1, Mode.NONE), (1024, (1,), 0, 2, Mode.PARTIAL), (2500, (1,) * 1024 + (3, 1), 2, 1, Mode.NONE),
+    (2100, (3, 1) + (1,) * 2098, 0, 2, Mode.PARTIAL)])
+def test_write_table_one_token_tiles(cuda_ready, rows, extend_cycle, n_invalid, n_contexts, mode):
+    """Tiles whose rows all have one token (a decode batch without padding or invalid rows) take their token
+    offsets from the rows' indices, with no block scan: whole batches of 1 and 4 rows per thread, and tiles of
+    one-token rows after and before mixed ones (tiles of 1024 rows; the rows in order, not shuffled)."""
+    rng = rng_for("write_table-ones", rows, len(extend_cycle), n_contexts)
+    b, cases = setup(rng, block_size=16, window=0, pad_row=-1, n_contexts=n_contexts, n_active=rows, max_blocks=8,
+                     extend_cycle=extend_cycle, n_padding=0, n_invalid=n_invalid, shuffle=False,
+                     n_sources=0 if mode == Mode.NONE else 2, mode=mode)
+    ext = b.extend_seq_lens.numpy()
+    tiles = [(ext[i:i + 1024] == 1).all() for i in range(0, b.bs, 1024)]
+    assert tiles[0] == (extend_cycle[0] == 1) and (len(tiles) == 1 or not all(tiles))
+    gpu, _ = run_write_table(b, cases, make_write_tokens(rng, b, skip=0.05), paged=False, rng=rng)
+    assert all(int(g.log.slot_counter[0]) - int(c.log.slot_counter[0]) > rows // 2 for g, c in zip(gpu, cases))
+
+
 def test_write_table_equals_plan_then_write_on_gpu(cuda_ready):
     rng = rng_for("write_table-two-pass")
     for block_size, window, pad_row in PARAMS[:4]:

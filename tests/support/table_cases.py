@@ -166,13 +166,15 @@ def make_table_batch(
     max_extend: int = 8,
     spare_blocks: int = 4,
     extend_cycle: tuple[int, ...] | None = None,
+    shuffle: bool = True,
 ) -> TableBatch:
     """A random batch (see the module docstring); ``window > 0`` adds a LUT into a smaller SWA slot space.
 
     ``bad_blocks`` block ids inside used prefixes are replaced by out-of-range or negative ids (both table
     forms alike). Padding rows use ``pad_row``; invalid rows use indices outside ``[0, max_reqs)`` or a prefix
     beyond ``max_seq_len``. ``extend_cycle`` gives the active rows' extend lengths in turn instead of random ones
-    (a boundary the kernels branch on, for certain).
+    (a boundary the kernels branch on, for certain). ``shuffle=False`` keeps the batch in order: the active rows
+    (``extend_cycle``'s order), then the padding rows, then the invalid ones (rows placed in the kernels' tiles).
     """
     max_seq_len = max_blocks * block_size
     rows = [r for r in range(max_reqs) if r != pad_row]
@@ -239,8 +241,8 @@ def make_table_batch(
             entries.append((-2 - int(rng.integers(0, 5)), int(rng.integers(0, 9)), int(rng.integers(0, 4))))
         else:  # a real row with a prefix beyond max_seq_len
             entries.append((rows[int(rng.integers(0, len(rows)))], max_seq_len + int(rng.integers(1, 5)), 1))
-    order = rng.permutation(len(entries))
-    entries = [entries[i] for i in order]
+    if shuffle:
+        entries = [entries[i] for i in rng.permutation(len(entries))]
     rpi = np.array([e[0] for e in entries], np.int64)
     pre_a = np.array([e[1] for e in entries], np.int64)
     ext_a = np.array([e[2] for e in entries], np.int64)
