@@ -110,6 +110,30 @@ struct KvcVtEntries {
     bool nb[kvc::kVtUnroll];          // the predecessor is lane - 1's entry
 };
 
+// The table cell of tile-local entry el at position pos of a row whose s_cell0 is cell0 (see s_rows).
+__device__ __forceinline__ KvcTableCell kvc_vt_cell(const KvcTableParams& t, kvc_i64 cell0, kvc_i64 el, kvc_i64 pos) {
+    KvcTableCell c;
+    if (t.paged) {
+        kvc_i64 col;
+        kvc_divmod(pos, t.block_size, col, c.rem);
+        c.at = t.table + (cell0 + col);
+    } else {
+        c.at = t.table + (cell0 + el);
+        c.rem = 0;
+    }
+    return c;
+}
+
+// RT of that cell, load included (kvc_table_rt's rule; in one piece, as it, not built from kvc_vt_cell).
+__device__ __forceinline__ kvc_i64 kvc_vt_rt(const KvcTableParams& t, kvc_i64 cell0, kvc_i64 el, kvc_i64 pos) {
+    if (t.paged) {
+        kvc_i64 col, rem;
+        kvc_divmod(pos, t.block_size, col, rem);
+        return kvc_rt_paged((kvc_i64)__ldg(t.table + (cell0 + col)), rem, t.block_size);
+    }
+    return (kvc_i64)__ldg(t.table + (cell0 + el));
+}
+
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
 // *hash_carry (lane 0 only, warp-private shared memory): slot_hash of the last entry of the warp's previous step,
 // the predecessor of this step's first entry when en.nb[0] holds on lane 0; left holding this step's last.
@@ -228,14 +252,18 @@ extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, kvc::kVtMinBlocks)
 kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     // The tile's rows, one array so that a row's fields sit at fixed offsets from one address (with four separate
     // arrays the check-token, real-KV, four-context specializations spill 12 bytes under nvcc 13.0): the
-    // tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them), req_pool_indices, window starts
-    // and, when tokens are checked, the expected-token valid lengths.
-    __shared__ kvc_i64 s_rows[3 + KVC_CHECK_TOKEN][kvc::kVtTile + 1];
+    // tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them); s_pos0, the position of tile-local
+    // entry 0 in the row's numbering (window start - offset: entry el is at position el + s_pos0); s_cell0, the
+    // table index of that entry's cell (rp * cols + s_pos0; a block table: rp * cols, the row's first cell), so
+    // an entry needs no 64-bit multiply; and, when tokens are checked, req_pool_indices and the expected-token
+    // valid lengths.
+    __shared__ kvc_i64 s_rows[3 + 2 * KVC_CHECK_TOKEN][kvc::kVtTile + 1];
     kvc_i64* const s_off = s_rows[0];
-    kvc_i64* const s_rp = s_rows[1];
-    kvc_i64* const s_ws = s_rows[2];
+    kvc_i64* const s_pos0 = s_rows[1];
+    kvc_i64* const s_cell0 = s_rows[2];
 #if KVC_CHECK_TOKEN
-    kvc_i64* const s_vlen = s_rows[3];
+    kvc_i64* const s_rp = s_rows[3];
+    kvc_i64* const s_vlen = s_rows[4];
 #endif
     __shared__ kvc_i64 scratch[kvc::kScanScratch];
     // Block-uniform walk state (thread 0 writes it): [0..3] as kvc_vt_ranges, [4] the entries of the rows before
@@ -270,22 +298,29 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         __syncthreads();  // the walk state; and the previous tile's shared rows are read until here
         if (s_walk[5] >= b.bs || (s_walk[5] > 0 && s_walk[4] >= s_walk[2])) break;  // no rows or entries left
         const kvc_i64 r = s_walk[5] + tid;
-        kvc_i64 len = 0;
+        kvc_i64 len = 0, ws = 0, row_cell = 0;
         if (r < b.bs) {
             const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
             len = kvc_row_verify_len(t, b, rp, prefix);
+            ws = kvc_window_start(prefix, b.swa_window_size);
+            row_cell = rp * t.cols;  // only used for a row with entries (a valid rp)
+#if KVC_CHECK_TOKEN
             // i == tid, from the volatile walk state: the compiler then computes these shared addresses here
             // rather than keeping one through the entry loop (some specializations spilled it).
             const int i = (int)(r - s_walk[5]);
             s_rp[i] = rp;
-            s_ws[i] = kvc_window_start(prefix, b.swa_window_size);
-#if KVC_CHECK_TOKEN
             s_vlen[i] = b.valid_lens[r];
 #endif
         }
         // Rows past bs have no entries, so their offsets equal the tile total and no search selects them.
         kvc_i64 tile_total;
-        s_off[tid] = kvc_block_exclusive_sum(len, scratch, tile_total);
+        const kvc_i64 off = kvc_block_exclusive_sum(len, scratch, tile_total);
+        s_off[tid] = off;
+        if (r < b.bs) {
+            const int i = (int)(r - s_walk[5]);  // == tid, as above
+            s_pos0[i] = ws - off;
+            s_cell0[i] = row_cell + (t.paged ? 0 : ws - off);
+        }
         if (tid == 0) {
             s_off[kvc::kVtTile] = tile_total;
             if (one_tile) kvc_vt_ranges(tile_total, s_walk);
@@ -349,26 +384,27 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 if (en.act[u]) {
                     const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
                     hint = row;
-                    const kvc_i64 rp = s_rp[row], first = s_off[row];
-                    const kvc_i64 pos = s_ws[row] + (el - first);
+                    const kvc_i64 first = s_off[row], cell0 = s_cell0[row];
+                    const kvc_i64 pos = el + s_pos0[row];
                     en.pos[u] = pos;
-                    if (!kvc::kVtEarlyLoads) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos));
+                    if (!kvc::kVtEarlyLoads) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_vt_rt(t, cell0, el, pos));
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (kvc::kVtEarlyLoads) {
-                        cell[u] = kvc_table_cell(t, rp, pos);
+                        cell[u] = kvc_vt_cell(t, cell0, el, pos);
                         look[u] = !en.nb[u] && pos > 0;
                         if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
                         if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
                     } else if (!en.nb[u]) {
-                        en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos - 1))
+                        en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
                                              : kvc::NO_SLOT;
                     }
 #if KVC_CHECK_TOKEN
                     const kvc_i64 q = pos + b.token_offset;
-                    if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols)) en.exp_tok[u] = (kvc_i64)b.pool[rp * b.pool_cols + q];
+                    if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols))
+                        en.exp_tok[u] = (kvc_i64)b.pool[s_rp[row] * b.pool_cols + q];
 #endif
                 }
             }
