@@ -158,7 +158,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_i64 s = en.slot[u];
-        own[u] = s > kvc::TOKEN_TO_KV_SLOT_PADDING && s < num_slots;
+        own[u] = (kvc_u64)s - 1 < (kvc_u64)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
         if (own[u]) kvc_load_record_ro(canary, s, stride, vec16, tok[u], spos[u], hash[u], rkv[u]);
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
@@ -173,7 +173,6 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         if (nsrc > 0 && own[u] && s < limit) kvc_load16(kvc_source_bytes(x.sources, s), w0[u], w1[u]);
 #endif
     }
-    const KvcLog log = kvc_log_of(x);
     const int lane = (int)(threadIdx.x & 31);
     kvc_i64 hash_carry = 0;  // lane 0: slot_hash of entry (u - 1, lane 31), or of the previous step's last
     if (kvc::kVtCarry && lane == 0 && en.nb[0]) hash_carry = *hash_carry_smem;
@@ -183,44 +182,47 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
         const kvc_i64 rotated = __shfl_sync(kvc::kFullMask, h, (lane + kvc::kWarpSize - 1) & 31);
-        const kvc_i64 from_prev_lane = lane > 0 ? rotated : hash_carry;  // lane 0: entry (u - 1, lane 31)'s
+        kvc_i64 pred = lane > 0 ? rotated : hash_carry;  // slot_hash of prev when en.nb[u] (lane 0: (u - 1, 31)'s)
         hash_carry = rotated;
-        const bool live = en.act[u] && s != kvc::TOKEN_TO_KV_SLOT_PADDING;
-        const bool oor = live && kvc_verify_out_of_range(s, prev, num_slots, limit);
-        kvc_i64 bits = 0, expected_chain = 0;
-        if (live && !oor) {
-            // prev 0: unknown predecessor, no chain check; prev < 0: chain head (anchor).
-            if (prev == kvc::TOKEN_TO_KV_SLOT_PADDING) {
-                expected_chain = hash[u];
-            } else if (prev < 0) {
-                expected_chain = (kvc_i64)kvc_anchor_hash();
-            } else if (en.nb[u]) {
-                expected_chain = from_prev_lane;  // lane - 1 holds slot `prev`, in [1, num_slots): it loaded it
-            } else if (kvc::kVtEarlyLoads) {
-                expected_chain = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
+        const bool live = s != kvc::TOKEN_TO_KV_SLOT_PADDING;  // padding lanes (!en.act) hold slot 0
+        // kvc_verify_out_of_range, with slot outside [0, slot_limit) as one unsigned compare.
+        const bool oor = live & (((kvc_u64)s >= (kvc_u64)limit) | (prev >= num_slots));
+        const bool checked = live & !oor;
+        // A predecessor in [1, num_slots) that is not lane - 1's entry: its slot_hash from its record.
+        if (checked && !en.nb[u] && prev > 0) {
+            if (kvc::kVtEarlyLoads) {
+                pred = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
             } else {
                 const kvc_i64* pr = kvc_record(canary, prev, stride);
-                expected_chain = (kvc_i64)kvc_record_hash(__ldg(pr + kvc::FIELD_PREV_HASH), __ldg(pr + kvc::FIELD_TOKEN),
-                                                          __ldg(pr + kvc::FIELD_POSITION));
+                pred = (kvc_i64)kvc_record_hash(__ldg(pr + kvc::FIELD_PREV_HASH), __ldg(pr + kvc::FIELD_TOKEN),
+                                                __ldg(pr + kvc::FIELD_POSITION));
             }
-            if (prev != kvc::TOKEN_TO_KV_SLOT_PADDING && hash[u] != expected_chain)
-                bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
-#if KVC_CHECK_TOKEN
-            if (en.exp_tok[u] != kvc::NO_SLOT && tok[u] != en.exp_tok[u]) bits |= kvc::VERIFY_TOKEN_MISMATCH;
-#endif
-            if (spos[u] != en.pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
-            kvc_i64 fingerprint = 0;
-#if KVC_HAS_REAL_KV
-            if (nsrc > 0) fingerprint = (kvc_i64)kvc_fingerprint_table<kvc::kVtFoldLoads>(x.sources, nsrc, s, w0[u], w1[u]);
-#endif
-            if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
         }
-        const bool want = oor || bits != 0;
-        // Rows are rare: the row's fields are selected only in a warp that has one.
-        if (__any_sync(kvc::kFullMask, want))
-            kvc_append_row_warp(log, want, s, oor ? en.pos[u] : spos[u], oor ? kvc::NO_SLOT : tok[u], en.exp_tok[u],
-                                oor ? 0 : hash[u], oor ? prev : expected_chain,
+        // prev 0: unknown predecessor, no chain check (expected = stored); prev < 0: chain head (anchor).
+        const kvc_i64 expect = prev < 0 ? (kvc_i64)kvc_anchor_hash() : pred;
+        kvc_i64 fingerprint = 0;
+#if KVC_HAS_REAL_KV
+        if (nsrc > 0 && checked) fingerprint = (kvc_i64)kvc_fingerprint_table<kvc::kVtFoldLoads>(x.sources, nsrc, s, w0[u], w1[u]);
+#endif
+        // Every check at once (no branches); the row's fields are built only in a warp where some entry fails.
+        const bool chain_bad = (prev != kvc::TOKEN_TO_KV_SLOT_PADDING) & (hash[u] != expect);
+#if KVC_CHECK_TOKEN
+        const bool tok_bad = (en.exp_tok[u] != kvc::NO_SLOT) & (tok[u] != en.exp_tok[u]);
+#else
+        const bool tok_bad = false;
+#endif
+        const bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
+        if (!__all_sync(kvc::kFullMask, !want)) {
+            kvc_i64 bits = 0;
+            if (chain_bad) bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
+            if (tok_bad) bits |= kvc::VERIFY_TOKEN_MISMATCH;
+            if (spos[u] != en.pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
+            if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
+            kvc_append_row_warp(kvc_log_of(x), want, s, oor ? en.pos[u] : spos[u], oor ? kvc::NO_SLOT : tok[u],
+                                en.exp_tok[u], oor ? 0 : hash[u],
+                                oor ? prev : prev == kvc::TOKEN_TO_KV_SLOT_PADDING ? hash[u] : expect,
                                 oor ? (kvc_i64)kvc::SLOT_OUT_OF_RANGE : bits);
+        }
     }
     if (kvc::kVtCarry && lane == 0) *hash_carry_smem = hash_carry;  // lane 31's last: the next step's predecessor
 }
