@@ -18,7 +18,8 @@
 // exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp takes its
 // steps' parts of the tile (a step may straddle two tiles): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
-// one comparison) and its position from the row's window start. So lanes read consecutive table entries
+// one comparison), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
+// with the tile, so no per-entry rp * cols). So lanes read consecutive table entries
 // (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
 //
 // Bytes per entry (shuffled pool, NONE): 4 B of table (a 128-byte line per 32 lanes) + the slot's 32-byte record;
@@ -40,7 +41,9 @@
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
-// hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
+// hashing, so several independent DRAM requests are in flight per thread. Each entry's checks are one
+// branch-free pass/fail and one warp vote; the failure bits and the row's fields are built only in a warp where
+// some entry fails (rare). Violations are appended per warp
 // (one atomicAdd per warp, step and context). Block 0 walks every row once more at the end to count the invalid
 // ones and adds the counters (kernel_run_counter += 1, slot_run_counter += E, per context), sets invalid_rows and
 // adds the same count to invalid_rows_total (a canary's running count, so it needs no extra op per step).
