@@ -18,7 +18,8 @@
 // exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp takes its
 // steps' parts of the tile (a step may straddle two tiles): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
-// one comparison) and its position from the row's window start. So lanes read consecutive table entries
+// one comparison), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
+// with the tile, so no per-entry rp * cols). So lanes read consecutive table entries
 // (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
 //
 // Bytes per entry (shuffled pool, NONE): 4 B of table (a 128-byte line per 32 lanes) + the slot's 32-byte record;
@@ -40,7 +41,9 @@
 // 1 with it (2048 and 1024 entries in flight per SM): more in flight made the random reads slower, not faster.
 //
 // Per step a thread keeps kvc::kVtUnroll entries: all table loads, then per context all record loads, then the
-// hashing, so several independent DRAM requests are in flight per thread. Violations are appended per warp
+// hashing, so several independent DRAM requests are in flight per thread. Each entry's checks are one
+// branch-free pass/fail and one warp vote; the failure bits and the row's fields are built only in a warp where
+// some entry fails (rare). Violations are appended per warp
 // (one atomicAdd per warp, step and context). Block 0 walks every row once more at the end to count the invalid
 // ones and adds the counters (kernel_run_counter += 1, slot_run_counter += E, per context), sets invalid_rows and
 // adds the same count to invalid_rows_total (a canary's running count, so it needs no extra op per step).
@@ -110,6 +113,30 @@ struct KvcVtEntries {
     bool nb[kvc::kVtUnroll];          // the predecessor is lane - 1's entry
 };
 
+// The table cell of tile-local entry el at position pos of a row whose s_cell0 is cell0 (see s_rows).
+__device__ __forceinline__ KvcTableCell kvc_vt_cell(const KvcTableParams& t, kvc_i64 cell0, kvc_i64 el, kvc_i64 pos) {
+    KvcTableCell c;
+    if (t.paged) {
+        kvc_i64 col;
+        kvc_divmod(pos, t.block_size, col, c.rem);
+        c.at = t.table + (cell0 + col);
+    } else {
+        c.at = t.table + (cell0 + el);
+        c.rem = 0;
+    }
+    return c;
+}
+
+// RT of that cell, load included (kvc_table_rt's rule; in one piece, as it, not built from kvc_vt_cell).
+__device__ __forceinline__ kvc_i64 kvc_vt_rt(const KvcTableParams& t, kvc_i64 cell0, kvc_i64 el, kvc_i64 pos) {
+    if (t.paged) {
+        kvc_i64 col, rem;
+        kvc_divmod(pos, t.block_size, col, rem);
+        return kvc_rt_paged((kvc_i64)__ldg(t.table + (cell0 + col)), rem, t.block_size);
+    }
+    return (kvc_i64)__ldg(t.table + (cell0 + el));
+}
+
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
 // *hash_carry (lane 0 only, warp-private shared memory): slot_hash of the last entry of the warp's previous step,
 // the predecessor of this step's first entry when en.nb[0] holds on lane 0; left holding this step's last.
@@ -134,7 +161,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_i64 s = en.slot[u];
-        own[u] = s > kvc::TOKEN_TO_KV_SLOT_PADDING && s < num_slots;
+        own[u] = (kvc_u64)s - 1 < (kvc_u64)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
         if (own[u]) kvc_load_record_ro(canary, s, stride, vec16, tok[u], spos[u], hash[u], rkv[u]);
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
@@ -149,7 +176,6 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         if (nsrc > 0 && own[u] && s < limit) kvc_load16(kvc_source_bytes(x.sources, s), w0[u], w1[u]);
 #endif
     }
-    const KvcLog log = kvc_log_of(x);
     const int lane = (int)(threadIdx.x & 31);
     kvc_i64 hash_carry = 0;  // lane 0: slot_hash of entry (u - 1, lane 31), or of the previous step's last
     if (kvc::kVtCarry && lane == 0 && en.nb[0]) hash_carry = *hash_carry_smem;
@@ -159,44 +185,47 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
         const kvc_i64 rotated = __shfl_sync(kvc::kFullMask, h, (lane + kvc::kWarpSize - 1) & 31);
-        const kvc_i64 from_prev_lane = lane > 0 ? rotated : hash_carry;  // lane 0: entry (u - 1, lane 31)'s
+        kvc_i64 pred = lane > 0 ? rotated : hash_carry;  // slot_hash of prev when en.nb[u] (lane 0: (u - 1, 31)'s)
         hash_carry = rotated;
-        const bool live = en.act[u] && s != kvc::TOKEN_TO_KV_SLOT_PADDING;
-        const bool oor = live && kvc_verify_out_of_range(s, prev, num_slots, limit);
-        kvc_i64 bits = 0, expected_chain = 0;
-        if (live && !oor) {
-            // prev 0: unknown predecessor, no chain check; prev < 0: chain head (anchor).
-            if (prev == kvc::TOKEN_TO_KV_SLOT_PADDING) {
-                expected_chain = hash[u];
-            } else if (prev < 0) {
-                expected_chain = (kvc_i64)kvc_anchor_hash();
-            } else if (en.nb[u]) {
-                expected_chain = from_prev_lane;  // lane - 1 holds slot `prev`, in [1, num_slots): it loaded it
-            } else if (kvc::kVtEarlyLoads) {
-                expected_chain = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
+        const bool live = s != kvc::TOKEN_TO_KV_SLOT_PADDING;  // padding lanes (!en.act) hold slot 0
+        // kvc_verify_out_of_range, with slot outside [0, slot_limit) as one unsigned compare.
+        const bool oor = live & (((kvc_u64)s >= (kvc_u64)limit) | (prev >= num_slots));
+        const bool checked = live & !oor;
+        // A predecessor in [1, num_slots) that is not lane - 1's entry: its slot_hash from its record.
+        if (checked && !en.nb[u] && prev > 0) {
+            if (kvc::kVtEarlyLoads) {
+                pred = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
             } else {
                 const kvc_i64* pr = kvc_record(canary, prev, stride);
-                expected_chain = (kvc_i64)kvc_record_hash(__ldg(pr + kvc::FIELD_PREV_HASH), __ldg(pr + kvc::FIELD_TOKEN),
-                                                          __ldg(pr + kvc::FIELD_POSITION));
+                pred = (kvc_i64)kvc_record_hash(__ldg(pr + kvc::FIELD_PREV_HASH), __ldg(pr + kvc::FIELD_TOKEN),
+                                                __ldg(pr + kvc::FIELD_POSITION));
             }
-            if (prev != kvc::TOKEN_TO_KV_SLOT_PADDING && hash[u] != expected_chain)
-                bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
-#if KVC_CHECK_TOKEN
-            if (en.exp_tok[u] != kvc::NO_SLOT && tok[u] != en.exp_tok[u]) bits |= kvc::VERIFY_TOKEN_MISMATCH;
-#endif
-            if (spos[u] != en.pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
-            kvc_i64 fingerprint = 0;
-#if KVC_HAS_REAL_KV
-            if (nsrc > 0) fingerprint = (kvc_i64)kvc_fingerprint_table<kvc::kVtFoldLoads>(x.sources, nsrc, s, w0[u], w1[u]);
-#endif
-            if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
         }
-        const bool want = oor || bits != 0;
-        // Rows are rare: the row's fields are selected only in a warp that has one.
-        if (__any_sync(kvc::kFullMask, want))
-            kvc_append_row_warp(log, want, s, oor ? en.pos[u] : spos[u], oor ? kvc::NO_SLOT : tok[u], en.exp_tok[u],
-                                oor ? 0 : hash[u], oor ? prev : expected_chain,
+        // prev 0: unknown predecessor, no chain check (expected = stored); prev < 0: chain head (anchor).
+        const kvc_i64 expect = prev < 0 ? (kvc_i64)kvc_anchor_hash() : pred;
+        kvc_i64 fingerprint = 0;
+#if KVC_HAS_REAL_KV
+        if (nsrc > 0 && checked) fingerprint = (kvc_i64)kvc_fingerprint_table<kvc::kVtFoldLoads>(x.sources, nsrc, s, w0[u], w1[u]);
+#endif
+        // Every check at once (no branches); the row's fields are built only in a warp where some entry fails.
+        const bool chain_bad = (prev != kvc::TOKEN_TO_KV_SLOT_PADDING) & (hash[u] != expect);
+#if KVC_CHECK_TOKEN
+        const bool tok_bad = (en.exp_tok[u] != kvc::NO_SLOT) & (tok[u] != en.exp_tok[u]);
+#else
+        const bool tok_bad = false;
+#endif
+        const bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
+        if (!__all_sync(kvc::kFullMask, !want)) {
+            kvc_i64 bits = 0;
+            if (chain_bad) bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
+            if (tok_bad) bits |= kvc::VERIFY_TOKEN_MISMATCH;
+            if (spos[u] != en.pos[u]) bits |= kvc::VERIFY_POSITION_MISMATCH;
+            if (rkv[u] != fingerprint) bits |= kvc::VERIFY_REAL_KV_HASH_MISMATCH;
+            kvc_append_row_warp(kvc_log_of(x), want, s, oor ? en.pos[u] : spos[u], oor ? kvc::NO_SLOT : tok[u],
+                                en.exp_tok[u], oor ? 0 : hash[u],
+                                oor ? prev : prev == kvc::TOKEN_TO_KV_SLOT_PADDING ? hash[u] : expect,
                                 oor ? (kvc_i64)kvc::SLOT_OUT_OF_RANGE : bits);
+        }
     }
     if (kvc::kVtCarry && lane == 0) *hash_carry_smem = hash_carry;  // lane 31's last: the next step's predecessor
 }
@@ -228,14 +257,18 @@ extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, kvc::kVtMinBlocks)
 kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     // The tile's rows, one array so that a row's fields sit at fixed offsets from one address (with four separate
     // arrays the check-token, real-KV, four-context specializations spill 12 bytes under nvcc 13.0): the
-    // tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them), req_pool_indices, window starts
-    // and, when tokens are checked, the expected-token valid lengths.
-    __shared__ kvc_i64 s_rows[3 + KVC_CHECK_TOKEN][kvc::kVtTile + 1];
+    // tile-local exclusive offsets of the rows' entries (kVtTile + 1 of them); s_pos0, the position of tile-local
+    // entry 0 in the row's numbering (window start - offset: entry el is at position el + s_pos0); s_cell0, the
+    // table index of that entry's cell (rp * cols + s_pos0; a block table: rp * cols, the row's first cell), so
+    // an entry needs no 64-bit multiply; and, when tokens are checked, req_pool_indices and the expected-token
+    // valid lengths.
+    __shared__ kvc_i64 s_rows[3 + 2 * KVC_CHECK_TOKEN][kvc::kVtTile + 1];
     kvc_i64* const s_off = s_rows[0];
-    kvc_i64* const s_rp = s_rows[1];
-    kvc_i64* const s_ws = s_rows[2];
+    kvc_i64* const s_pos0 = s_rows[1];
+    kvc_i64* const s_cell0 = s_rows[2];
 #if KVC_CHECK_TOKEN
-    kvc_i64* const s_vlen = s_rows[3];
+    kvc_i64* const s_rp = s_rows[3];
+    kvc_i64* const s_vlen = s_rows[4];
 #endif
     __shared__ kvc_i64 scratch[kvc::kScanScratch];
     // Block-uniform walk state (thread 0 writes it): [0..3] as kvc_vt_ranges, [4] the entries of the rows before
@@ -270,22 +303,29 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         __syncthreads();  // the walk state; and the previous tile's shared rows are read until here
         if (s_walk[5] >= b.bs || (s_walk[5] > 0 && s_walk[4] >= s_walk[2])) break;  // no rows or entries left
         const kvc_i64 r = s_walk[5] + tid;
-        kvc_i64 len = 0;
+        kvc_i64 len = 0, ws = 0, row_cell = 0;
         if (r < b.bs) {
             const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
             len = kvc_row_verify_len(t, b, rp, prefix);
+            ws = kvc_window_start(prefix, b.swa_window_size);
+            row_cell = rp * t.cols;  // only used for a row with entries (a valid rp)
+#if KVC_CHECK_TOKEN
             // i == tid, from the volatile walk state: the compiler then computes these shared addresses here
             // rather than keeping one through the entry loop (some specializations spilled it).
             const int i = (int)(r - s_walk[5]);
             s_rp[i] = rp;
-            s_ws[i] = kvc_window_start(prefix, b.swa_window_size);
-#if KVC_CHECK_TOKEN
             s_vlen[i] = b.valid_lens[r];
 #endif
         }
         // Rows past bs have no entries, so their offsets equal the tile total and no search selects them.
         kvc_i64 tile_total;
-        s_off[tid] = kvc_block_exclusive_sum(len, scratch, tile_total);
+        const kvc_i64 off = kvc_block_exclusive_sum(len, scratch, tile_total);
+        s_off[tid] = off;
+        if (r < b.bs) {
+            const int i = (int)(r - s_walk[5]);  // == tid, as above
+            s_pos0[i] = ws - off;
+            s_cell0[i] = row_cell + (t.paged ? 0 : ws - off);
+        }
         if (tid == 0) {
             s_off[kvc::kVtTile] = tile_total;
             if (one_tile) kvc_vt_ranges(tile_total, s_walk);
@@ -349,26 +389,27 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 if (en.act[u]) {
                     const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
                     hint = row;
-                    const kvc_i64 rp = s_rp[row], first = s_off[row];
-                    const kvc_i64 pos = s_ws[row] + (el - first);
+                    const kvc_i64 first = s_off[row], cell0 = s_cell0[row];
+                    const kvc_i64 pos = el + s_pos0[row];
                     en.pos[u] = pos;
-                    if (!kvc::kVtEarlyLoads) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos));
+                    if (!kvc::kVtEarlyLoads) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_vt_rt(t, cell0, el, pos));
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (kvc::kVtEarlyLoads) {
-                        cell[u] = kvc_table_cell(t, rp, pos);
+                        cell[u] = kvc_vt_cell(t, cell0, el, pos);
                         look[u] = !en.nb[u] && pos > 0;
                         if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
                         if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
                     } else if (!en.nb[u]) {
-                        en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt(t, rp, pos - 1))
+                        en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
                                              : kvc::NO_SLOT;
                     }
 #if KVC_CHECK_TOKEN
                     const kvc_i64 q = pos + b.token_offset;
-                    if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols)) en.exp_tok[u] = (kvc_i64)b.pool[rp * b.pool_cols + q];
+                    if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols))
+                        en.exp_tok[u] = (kvc_i64)b.pool[s_rp[row] * b.pool_cols + q];
 #endif
                 }
             }

@@ -109,24 +109,48 @@ def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mod
     assert emu.modules("verify_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-@pytest.mark.parametrize("n_active, block_size, max_blocks, mode, n_contexts", [
-    (300, 2, 4, Mode.NONE, 1), (700, 4, 6, Mode.NONE, 2), (300, 2, 4, Mode.PARTIAL, 1), (700, 4, 6, Mode.PARTIAL, 2),
+@pytest.mark.parametrize("n_active, block_size, max_blocks, mode, n_contexts, paged", [
+    (300, 2, 4, Mode.NONE, 1, True), (700, 4, 6, Mode.NONE, 2, True), (300, 2, 4, Mode.PARTIAL, 1, True),
+    (700, 4, 6, Mode.PARTIAL, 2, True), (700, 4, 6, Mode.NONE, 1, False), (300, 2, 4, Mode.PARTIAL, 2, False),
 ])
-def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, mode, n_contexts):
+def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, mode, n_contexts, paged):
     """More rows than a tile (256), so the kernel first walks every row for the batch total; each warp's share
     of the entries crosses tiles, and (the 700-row cases: about 8000 entries over 4 blocks) takes several steps.
     Without real KV a warp's steps are one contiguous range, with it they are grid-strided (steps that straddle
-    a tile boundary continue in the next tile). Two contexts: each carries its own predecessor hash across steps."""
-    rng = rng_for("emu-verify_table-rows", n_active, mode.name, n_contexts)
+    a tile boundary continue in the next tile). Two contexts: each carries its own predecessor hash across steps.
+    Block and per-position tables (an entry's cell from its row's s_cell0, published per tile)."""
+    rng = rng_for("emu-verify_table-rows", n_active, mode.name, n_contexts, paged)
     b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=n_contexts,
                       n_sources=0 if mode == Mode.NONE else 1, mode=mode, n_active=n_active, max_blocks=max_blocks)
     inv = random_bytes(rng, (1,), torch.int32)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
-                                   **s[0].verify_kwargs(True)),
+                                   **s[0].verify_kwargs(paged)),
                     (b, cases, inv))
     assert _compare(ref[1], got[1]) > 0
     assert_same_bytes(ref[2], got[2], "invalid_rows_out")
+
+
+def test_verify_table_emulated_slot_bounds(emu):
+    """Slots at the edges of the bounds (SPEC §9) in a per-position table: num_slots - 1 (checked),
+    num_slots and far beyond, -1 and INT32_MIN (out of range), 0 (skipped: its successor's prev is 0, no chain
+    check whatever its stored prev_hash), each in lanes of warps whose other entries are clean (the cold path
+    of one failing lane)."""
+    rng = rng_for("emu-verify_table-bounds")
+    b, cases = _setup(rng, block_size=1, window=0, pad_row=-1, n_contexts=1, n_sources=0, mode=Mode.NONE,
+                      n_active=6, max_blocks=200)
+    for c in cases:
+        stamp_batch(rng, c, b, corrupt=0.0)
+    ns = b.num_slots
+    rows = [int(r) for r, p in zip(b.req_pool_indices.tolist(), b.prefix_lens.tolist())
+            if 0 <= r < b.req_to_token.shape[0] and r != b.pad_row and 40 < p <= b.req_to_token.shape[1]]
+    assert rows
+    for k, slot in enumerate((ns - 1, ns, ns + 7, -1, -(2**31), 0, 0)):
+        b.req_to_token[rows[k % len(rows)], 3 + 5 * k] = slot
+    ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].verify_kwargs(False)),
+                    (b, cases))
+    assert _compare(ref[1], got[1]) > 0
 
 
 # ----------------------------------------------------------------------------------------------- write

@@ -131,6 +131,7 @@ inline unsigned __reduce_add_sync(unsigned, unsigned v) {
 
 // Every lane of the warp takes part (a full mask), as in the kernels.
 inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, !pred) == 0; }
 inline unsigned __match_any_sync(unsigned, unsigned long long key) {
     EmuWarp& w = emu_warp();
     w.buf[emu_lane()] = key;
