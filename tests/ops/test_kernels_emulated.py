@@ -206,15 +206,17 @@ def test_write_table_emulated_short_long_boundary(emu):
     assert int(b.extend_seq_lens.max()) == 33
 
 
-@pytest.mark.parametrize("n_active, extend_cycle, n_invalid", [
-    (200, (1,), 0), (600, (1,), 0), (1100, (1,) * 1024 + (3, 1), 2), (1100, (3, 1) + (1,) * 1098, 0)])
-def test_write_table_emulated_one_token_tiles(emu, n_active, extend_cycle, n_invalid):
+@pytest.mark.parametrize("sms, n_active, extend_cycle, n_invalid", [
+    (1, 200, (1,), 0), (3, 600, (1,), 0), (3, 1100, (1,) * 1024 + (3, 1), 2), (1, 1100, (3, 1) + (1,) * 1098, 0)])
+def test_write_table_emulated_one_token_tiles(monkeypatch, sms, n_active, extend_cycle, n_invalid):
     """Tiles whose rows all have one token take their token offsets from the rows' indices (no block scan): a
     whole decode batch (1 and 2 rows per thread), a tile of one-token rows then a mixed one (its offsets start
-    after the first tile's tokens), and a mixed tile then a tile of one-token rows."""
-    b, rows = _write_table_cycle(emu, rng_for("emu-write_table-ones", n_active, len(extend_cycle)),
-                                 extend_cycle=extend_cycle, flag=1, max_blocks=4, pad_row=-1, n_active=n_active,
-                                 n_padding=0, n_invalid=n_invalid, max_reqs=n_active + 4, shuffle=False)
+    after the first tile's tokens), and a mixed tile then a tile of one-token rows. Three blocks: a thread's rows
+    are 256 apart, so their blocks (row mod 3) step by 256 mod 3 and wrap."""
+    with emulated_cuda(monkeypatch, sms=sms) as emu:
+        b, rows = _write_table_cycle(emu, rng_for("emu-write_table-ones", n_active, len(extend_cycle)),
+                                     extend_cycle=extend_cycle, flag=1, max_blocks=4, pad_row=-1, n_active=n_active,
+                                     n_padding=0, n_invalid=n_invalid, max_reqs=n_active + 4, shuffle=False)
     ext = b.extend_seq_lens.numpy()
     assert rows > 0 and b.bs == n_active + n_invalid
     if b.bs > 1024:  # two tiles of 1024 rows: exactly one of them all one-token rows
