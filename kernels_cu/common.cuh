@@ -414,19 +414,27 @@ struct KvcTableCell {
     kvc_i64 rem;
 };
 
-// The cell of RT(rp, p) for a valid row rp and 0 <= p < max_seq_len.
-__device__ __forceinline__ KvcTableCell kvc_table_cell(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
-    const int* row = t.table + rp * t.cols;
+// The cell of RT(rp, p), 0 <= p < max_seq_len, given `origin` and `idx`: a block table's is table element
+// origin + p / block_size (origin = rp * cols, the row's first cell); a per-position table's is origin + idx, for
+// any split of rp * cols + p (kvc_table_cell: rp * cols and p; the plan-free verify keeps a per-row origin so that
+// an entry's cell costs one add, no multiply).
+__device__ __forceinline__ KvcTableCell kvc_table_cell_at(const KvcTableParams& t, kvc_i64 origin, kvc_i64 idx,
+                                                         kvc_i64 p) {
     KvcTableCell c;
     if (t.paged) {
         kvc_i64 col;
         kvc_divmod(p, t.block_size, col, c.rem);
-        c.at = row + col;
+        c.at = t.table + (origin + col);
     } else {
-        c.at = row + p;
+        c.at = t.table + (origin + idx);
         c.rem = 0;
     }
     return c;
+}
+
+// The cell of RT(rp, p) for a valid row rp and 0 <= p < max_seq_len.
+__device__ __forceinline__ KvcTableCell kvc_table_cell(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
+    return kvc_table_cell_at(t, rp * t.cols, p, p);
 }
 
 // The cell of RT(rp, p - 1) from that of RT(rp, p), p >= 1: no second division.
@@ -445,17 +453,22 @@ __device__ __forceinline__ kvc_i64 kvc_table_value(const KvcTableParams& t, cons
     return t.paged ? kvc_rt_paged((kvc_i64)raw, c.rem, t.block_size) : (kvc_i64)raw;
 }
 
-// RT(rp, p) of a valid row rp and 0 <= p < max_seq_len (SPEC §10), as int64. The same rule as kvc_table_cell and
-// kvc_table_value in one piece: built from those two, the verify without real KV compiled to different code and
-// ran slower (it is bound by instructions).
-__device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
-    const int* row = t.table + rp * t.cols;
+// RT(rp, p) (SPEC §10), as int64, load included, of the cell kvc_table_cell_at names. The same rule as
+// kvc_table_cell_at and kvc_table_value in one piece: built from those two, the verify without real KV compiled
+// to different code and ran slower (it is bound by instructions).
+__device__ __forceinline__ kvc_i64 kvc_table_rt_at(const KvcTableParams& t, kvc_i64 origin, kvc_i64 idx,
+                                                   kvc_i64 p) {
     if (t.paged) {
         kvc_i64 col, rem;
         kvc_divmod(p, t.block_size, col, rem);
-        return kvc_rt_paged((kvc_i64)__ldg(row + col), rem, t.block_size);
+        return kvc_rt_paged((kvc_i64)__ldg(t.table + (origin + col)), rem, t.block_size);
     }
-    return (kvc_i64)__ldg(row + p);
+    return (kvc_i64)__ldg(t.table + (origin + idx));
+}
+
+// RT(rp, p) of a valid row rp and 0 <= p < max_seq_len.
+__device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
+    return kvc_table_rt_at(t, rp * t.cols, p, p);
 }
 
 // Number of verify entries of a batch row with pool index rp and prefix length `prefix` (SPEC §5, §10).

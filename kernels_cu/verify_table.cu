@@ -113,30 +113,6 @@ struct KvcVtEntries {
     bool nb[kvc::kVtUnroll];          // the predecessor is lane - 1's entry
 };
 
-// The table cell of tile-local entry el at position pos of a row whose s_cell0 is cell0 (see s_rows).
-__device__ __forceinline__ KvcTableCell kvc_vt_cell(const KvcTableParams& t, kvc_i64 cell0, kvc_i64 el, kvc_i64 pos) {
-    KvcTableCell c;
-    if (t.paged) {
-        kvc_i64 col;
-        kvc_divmod(pos, t.block_size, col, c.rem);
-        c.at = t.table + (cell0 + col);
-    } else {
-        c.at = t.table + (cell0 + el);
-        c.rem = 0;
-    }
-    return c;
-}
-
-// RT of that cell, load included (kvc_table_rt's rule; in one piece, as it, not built from kvc_vt_cell).
-__device__ __forceinline__ kvc_i64 kvc_vt_rt(const KvcTableParams& t, kvc_i64 cell0, kvc_i64 el, kvc_i64 pos) {
-    if (t.paged) {
-        kvc_i64 col, rem;
-        kvc_divmod(pos, t.block_size, col, rem);
-        return kvc_rt_paged((kvc_i64)__ldg(t.table + (cell0 + col)), rem, t.block_size);
-    }
-    return (kvc_i64)__ldg(t.table + (cell0 + el));
-}
-
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
 // *hash_carry (lane 0 only, warp-private shared memory): slot_hash of the last entry of the warp's previous step,
 // the predecessor of this step's first entry when en.nb[0] holds on lane 0; left holding this step's last.
@@ -308,7 +284,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             const kvc_i64 rp = b.req_pool_indices[r], prefix = b.prefix_lens[r];
             len = kvc_row_verify_len(t, b, rp, prefix);
             ws = kvc_window_start(prefix, b.swa_window_size);
-            row_cell = rp * t.cols;  // only used for a row with entries (a valid rp)
+            // Used only for a row with entries (a valid rp); unsigned, so an invalid rp cannot overflow (UB).
+            row_cell = (kvc_i64)((kvc_u64)rp * (kvc_u64)t.cols);
 #if KVC_CHECK_TOKEN
             // i == tid, from the volatile walk state: the compiler then computes these shared addresses here
             // rather than keeping one through the entry loop (some specializations spilled it).
@@ -392,19 +369,21 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                     const kvc_i64 first = s_off[row], cell0 = s_cell0[row];
                     const kvc_i64 pos = el + s_pos0[row];
                     en.pos[u] = pos;
-                    if (!kvc::kVtEarlyLoads) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_vt_rt(t, cell0, el, pos));
+                    if (!kvc::kVtEarlyLoads)
+                        en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt_at(t, cell0, el, pos));
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (kvc::kVtEarlyLoads) {
-                        cell[u] = kvc_vt_cell(t, cell0, el, pos);
+                        cell[u] = kvc_table_cell_at(t, cell0, el, pos);
                         look[u] = !en.nb[u] && pos > 0;
                         if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
                         if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
                     } else if (!en.nb[u]) {
-                        en.prev[u] = pos > 0 ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
-                                             : kvc::NO_SLOT;
+                        en.prev[u] = pos > 0
+                            ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt_at(t, cell0, el - 1, pos - 1))
+                            : kvc::NO_SLOT;
                     }
 #if KVC_CHECK_TOKEN
                     const kvc_i64 q = pos + b.token_offset;
