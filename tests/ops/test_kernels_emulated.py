@@ -247,19 +247,22 @@ def test_write_table_emulated_two_and_three_rows_per_thread(emu, n_active):
     assert 256 < b.bs <= 1024 and int(b.extend_seq_lens.max()) == 33
 
 
-@pytest.mark.parametrize("sms, n_contexts, mode, window, assert_on, n_active", [
-    (3, 1, Mode.NONE, 0, False, 40), (3, 2, Mode.PARTIAL, 7, True, 40), (1, 5, Mode.ALL, 0, True, 40),
-    (2, 1, Mode.NONE, 0, True, 300),
+@pytest.mark.parametrize("sms, n_contexts, mode, window, assert_on, n_active, n_other", [
+    (3, 1, Mode.NONE, 0, False, 40, 9), (3, 2, Mode.PARTIAL, 7, True, 40, 9), (1, 5, Mode.ALL, 0, True, 40, 9),
+    (2, 1, Mode.NONE, 0, True, 300, 9), (3, 2, Mode.NONE, 0, True, 40, 0), (2, 1, Mode.NONE, 0, False, 900, 0),
 ])
-def test_write_table_emulated_decode(monkeypatch, sms, n_contexts, mode, window, assert_on, n_active):
+def test_write_table_emulated_decode(monkeypatch, sms, n_contexts, mode, window, assert_on, n_active, n_other):
     """A decode batch (one token per active row) among padding and invalid rows: a block's one-token rows are
     written by the thread that scanned them, from token loads issued at the row's index (right until the first
     padding or invalid row, then reloaded at the row's token offset) and seed records loaded during the scan; rows
     with a bad seed (out of the buffer, a LUT miss) or a token range past the arrays go to the warp loop. Grids of
     2 or 3 blocks (each block writes the rows r mod G == its index) and of one block with two rows per thread
-    (its second row goes to the warp loop); the tokens' slots include -1 and out-of-range ones."""
+    (its second row goes to the warp loop); the tokens' slots include -1 and out-of-range ones. ``n_other``: padding
+    and invalid rows; with none every row has one token, so the tile's token offsets are the rows' indices,
+    published without the block scan, and the warp loop's rows (bad seeds, short token arrays) start from them."""
     rng = rng_for("emu-write_table-decode", sms, n_contexts, int(mode), assert_on)
-    b = make_table_batch(rng, block_size=4, extend_cycle=(1,), n_active=n_active, n_padding=5, n_invalid=4,
+    b = make_table_batch(rng, block_size=4, extend_cycle=(1,), n_active=n_active, n_padding=5 * (n_other > 0),
+                         n_invalid=n_other - 5 * (n_other > 0),
                          max_reqs=n_active + 4, max_blocks=6, pad_row=-1, window=window)
     cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=0 if mode == Mode.NONE else 2, mode=mode,
                               ring_capacity=_ring(b, n_contexts), stride=int(rng.choice([32, 40])), flag=1)
@@ -285,6 +288,7 @@ def test_write_table_emulated_decode(monkeypatch, sms, n_contexts, mode, window,
             assert int(c.log.slot_counter[0]) > int(c0.log.slot_counter[0])
     assert rows > 0
     assert int((b.extend_seq_lens == 1).sum()) >= n_active
+    assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0) and b.bs == n_active + n_other
 
 
 # ------------------------------------------------------------------------------- the SGLang-named ops
