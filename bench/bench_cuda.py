@@ -20,7 +20,10 @@ one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in 
 (not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
 plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
 GPU, measured in the same run); ``gather_floor_kv`` (the same of a K and a V buffer: the table once, both
-buffers' records: the floor of ``verify_table_kv``); ``write_floor`` (decode shapes only; not a kvcanary op: a bare kernel doing only the
+buffers' records: the floor of ``verify_table_kv``); ``check_floor`` (real-KV NONE only; not a kvcanary op: the
+reads of ``gather_floor`` plus the one computation SPEC §7 asks of every entry, the slot's ``slot_hash`` (three
+splitmix64 rounds) handed to the next entry and compared with its stored ``prev_hash``, and the stored position
+compared; no row mapping, bounds, log or counters: the floor of a NONE verify that hashes); ``write_floor`` (decode shapes only; not a kvcanary op: a bare kernel doing only the
 three dependent loads a plan-free decode write cannot avoid - row, table entry of the seed, seed record - and the
 record store, no row scan, checks, counters or log: the latency floor of that write on this GPU).
 
@@ -92,14 +95,15 @@ SHAPES = {
 # Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
 # plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
 BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68,
-                  "gather_floor": 36, "gather_floor_kv": 68, "random_reads": 32}
+                  "gather_floor": 36, "gather_floor_kv": 68, "check_floor": 36, "random_reads": 32}
 PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32, "gather_floor_kv": 64,
                           "random_reads": 32}
 ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-           "gather_floor_kv", "random_reads", "write_floor")
+           "gather_floor_kv", "check_floor", "random_reads", "write_floor")
 DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-               "gather_floor_kv", "random_reads", "write_floor")
-VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "gather_floor_kv", "random_reads")
+               "gather_floor_kv", "check_floor", "random_reads", "write_floor")
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "gather_floor_kv", "check_floor",
+              "random_reads")
 
 # The floor of the plan-free verify's memory traffic on this GPU (not kvcanary ops). gather_floor reads the same
 # table entries and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row)
@@ -110,6 +114,8 @@ VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor
 # timed at several launch geometries (entries per thread U in {1, 2, 4} x blocks of 256 threads per SM in
 # {2, 4, 8}) and the fastest is kept: no verify kernel can read those bytes faster than these bare reads do.
 FLOOR_SRC = r"""
+#include "common.cuh"  // check_floor's slot_hash: the kernels' own (compiled with -I kernels_cu)
+
 template <int U, bool TWO>
 __device__ __forceinline__ void kvc_bench_gather(const int* __restrict__ table, long long cols, unsigned int bs,
         unsigned int prefix, const ulonglong2* __restrict__ rec, unsigned long long nrec,
@@ -172,8 +178,69 @@ __device__ __forceinline__ void kvc_bench_gather(const int* __restrict__ table, 
 KVC_BENCH_FLOOR(1)
 KVC_BENCH_FLOOR(2)
 KVC_BENCH_FLOOR(4)
+
+// check_floor: gather_floor's reads (one buffer, no real KV) plus SPEC §7's chain and position checks of each entry:
+// its record's slot_hash goes to the next lane (the next entry of the same request unless it starts a row) and
+// is compared with that entry's stored prev_hash; the stored position with the entry's. Lane 0 has no
+// predecessor in the warp and checks only the position. The mismatch count is kept, never stored.
+template <int U>
+__device__ __forceinline__ void kvc_bench_check(const int* __restrict__ table, long long cols, unsigned int bs,
+        unsigned int prefix, const ulonglong2* __restrict__ rec, unsigned long long* __restrict__ out) {
+    const unsigned int n = bs * prefix;
+    const unsigned int step = blockDim.x * U;
+    const unsigned int lane = threadIdx.x & 31;
+    unsigned long long bad = 0;
+    for (unsigned int e0 = blockIdx.x * step + threadIdx.x; e0 - threadIdx.x < n; e0 += gridDim.x * step) {
+        long long slot[U];
+        unsigned int pos[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned int e = e0 + blockDim.x * u;
+            slot[u] = -1;
+            pos[u] = e % prefix;
+            if (e < n) slot[u] = table[(long long)(e / prefix + 1) * cols + pos[u]];
+        }
+        ulonglong2 a[U], b[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            a[u] = b[u] = make_ulonglong2(0, 0);
+            if (slot[u] >= 0) {
+                a[u] = __ldg(rec + 2 * slot[u]);      // token, position
+                b[u] = __ldg(rec + 2 * slot[u] + 1);  // prev_hash, real-KV hash
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const unsigned long long h = kvc_record_hash((kvc_i64)b[u].x, (kvc_i64)a[u].x, (kvc_i64)a[u].y);
+            const unsigned long long pred = __shfl_up_sync(0xffffffffu, h, 1);
+            const bool live = slot[u] >= 0;
+            bad += (live && lane > 0 && pos[u] > 0 && b[u].x != pred) | (live && a[u].y != pos[u]);
+        }
+    }
+    if (bad == 0x9E3779B97F4A7C15ull) out[0] = bad;  // never true in practice; keeps the work
+}
+#define KVC_BENCH_CHECK(U)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256) kvc_bench_check_u##U(const int* table, long long cols,     \
+            unsigned int bs, unsigned int prefix, const ulonglong2* rec, unsigned long long* out) {              \
+        kvc_bench_check<U>(table, cols, bs, prefix, rec, out);                                                   \
+    }
+KVC_BENCH_CHECK(1)
+KVC_BENCH_CHECK(2)
+KVC_BENCH_CHECK(4)
 """
 FLOOR_GEOMETRIES = [(u, b) for u in (1, 2, 4) for b in (2, 4, 8)]
+_floor_modules: list = []
+
+
+def floor_module():
+    """FLOOR_SRC compiled once (CuPy ``RawModule``; the kernels' headers from ``kernels_cu/``)."""
+    if not _floor_modules:
+        import cupy
+
+        from kvcanary.ops.cuda.specs import kernels_dir
+
+        _floor_modules.append(cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17", f"-I{kernels_dir()}")))
+    return _floor_modules[0]
 
 # The floor of a plan-free decode write (not a kvcanary op): one thread per row does only the dependent loads such a
 # write cannot avoid (the row's pool index and prefix -> the table entry of position prefix - 1 -> that seed
@@ -413,7 +480,7 @@ class Case:
         the K and the V buffer (gather_floor_kv)."""
         import cupy
 
-        mod = cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17",))
+        mod = floor_module()
         out = torch.zeros(1, dtype=torch.int64, device=self.device)
         kv, kv2 = ((self.ctx.real_kv_sources[0].tensor, self.ctx_v.real_kv_sources[0].tensor)
                    if self.mode != RealKvHashMode.NONE else (None, None))
@@ -437,6 +504,33 @@ class Case:
 
         best = min((timer.eager(make(u, b), runs=10, warmup=2), u, b) for u, b in FLOOR_GEOMETRIES)
         return make(best[1], best[2])
+
+    def check_floor_op(self, timer: Timer):
+        """The fastest geometry of the bare check (see FLOOR_SRC: check_floor), as :meth:`_floor_launcher`."""
+        if hasattr(self, "_check_floor"):
+            return self._check_floor
+        import cupy
+
+        mod = floor_module()
+        out = torch.zeros(1, dtype=torch.int64, device=self.device)
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        args = (cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
+                cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
+                cupy.uint64(out.data_ptr()))
+
+        def make(u: int, b: int):
+            fn = mod.get_function(f"kvc_bench_check_u{u}")
+
+            def run():
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
+                    fn((b * sms,), (256,), args)
+            run.geometry = f"{u} x {b}"  # type: ignore[attr-defined]
+            run.keep = out  # type: ignore[attr-defined]
+            return run
+
+        best = min((timer.eager(make(u, b), runs=10, warmup=2), u, b) for u, b in FLOOR_GEOMETRIES)
+        self._check_floor = make(best[1], best[2])
+        return self._check_floor
 
     def floor_op(self, with_table: bool, timer: Timer, two: bool = False):
         key = ("_gather" if with_table else "_random") + ("_kv" if two else "")
@@ -724,6 +818,8 @@ def main(argv=None) -> int:
                              case.bs * case.prefix),
             "gather_floor_kv": (case.floor_op(True, timer, two=True)
                                 if "gather_floor_kv" in wanted_ops and case.prefix else None, case.bs * case.prefix),
+            "check_floor": (case.check_floor_op(timer) if "check_floor" in wanted_ops and case.prefix
+                            and mode == RealKvHashMode.NONE else None, case.bs * case.prefix),
             "write_floor": (case.write_floor_op(timer) if "write_floor" in wanted_ops and case.extend == 1 else None,
                             case.bs),
             "scatter": (case.scatter, case.bs * case.L),
@@ -760,7 +856,8 @@ def main(argv=None) -> int:
         "",
         "B/unit: nominal for plan (36), verify (88), write (56), scatter (12), real KV not counted; the byte minimum "
         "for verify_table (36 per entry, +32 in PARTIAL) and verify_table_kv (68, +64); the bare reads: "
-        "gather_floor as verify_table, gather_floor_kv as verify_table_kv, random_reads 32 per read (+32 in "
+        "gather_floor and check_floor as verify_table, gather_floor_kv as verify_table_kv, random_reads 32 per "
+        "read (+32 in "
         "PARTIAL, so its share compares with gather_floor's). % copy = units * B/unit / "
         "time over the copy bandwidth. host µs = CPU time of one public-op call (median). ns/token = write time "
         "(better of eager and graph) / extend. Floor geometries (entries per thread x blocks per SM, the fastest of "
