@@ -475,25 +475,16 @@ class Case:
             contexts=contexts or (self.ctx,), req_pool_indices=self.rpi,
             prefix_lens=self.step_prefix if prefix_lens is None else prefix_lens, req_to_token=self.req_to_token)
 
-    def _floor_launcher(self, with_table: bool, timer: Timer, two: bool = False):
-        """The fastest geometry of the bare read (see FLOOR_SRC), picked by timing each once (10 runs); `two`: of
-        the K and the V buffer (gather_floor_kv)."""
+    def _fastest(self, timer: Timer, kernel: str, args: tuple, out: torch.Tensor):
+        """A launcher of FLOOR_SRC's ``{kernel}_u{U}`` at the fastest of FLOOR_GEOMETRIES, picked by timing each once
+        (10 runs)."""
         import cupy
 
         mod = floor_module()
-        out = torch.zeros(1, dtype=torch.int64, device=self.device)
-        kv, kv2 = ((self.ctx.real_kv_sources[0].tensor, self.ctx_v.real_kv_sources[0].tensor)
-                   if self.mode != RealKvHashMode.NONE else (None, None))
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        args = (cupy.uint64(self.req_to_token.data_ptr() if with_table else 0), cupy.int64(self.req_to_token.shape[1]),
-                cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
-                cupy.uint64(self.num_slots), cupy.uint64(0 if kv is None else kv.data_ptr()),
-                cupy.int64(REAL_KV_ROW_BYTES // 16), cupy.uint64(out.data_ptr()))
-        if two:
-            args += (cupy.uint64(self.canary_v.data_ptr()), cupy.uint64(0 if kv2 is None else kv2.data_ptr()))
 
         def make(u: int, b: int):
-            fn = mod.get_function(f"kvc_bench_floor{'_kv' if two else ''}_u{u}")
+            fn = mod.get_function(f"{kernel}_u{u}")
 
             def run():
                 with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
@@ -505,31 +496,32 @@ class Case:
         best = min((timer.eager(make(u, b), runs=10, warmup=2), u, b) for u, b in FLOOR_GEOMETRIES)
         return make(best[1], best[2])
 
-    def check_floor_op(self, timer: Timer):
-        """The fastest geometry of the bare check (see FLOOR_SRC: check_floor), as :meth:`_floor_launcher`."""
-        if hasattr(self, "_check_floor"):
-            return self._check_floor
+    def _floor_launcher(self, with_table: bool, timer: Timer, two: bool = False):
+        """The bare read (see FLOOR_SRC) at its fastest geometry; `two`: of the K and the V buffer
+        (gather_floor_kv)."""
         import cupy
 
-        mod = floor_module()
         out = torch.zeros(1, dtype=torch.int64, device=self.device)
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-        args = (cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
+        kv, kv2 = ((self.ctx.real_kv_sources[0].tensor, self.ctx_v.real_kv_sources[0].tensor)
+                   if self.mode != RealKvHashMode.NONE else (None, None))
+        args = (cupy.uint64(self.req_to_token.data_ptr() if with_table else 0), cupy.int64(self.req_to_token.shape[1]),
                 cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
-                cupy.uint64(out.data_ptr()))
+                cupy.uint64(self.num_slots), cupy.uint64(0 if kv is None else kv.data_ptr()),
+                cupy.int64(REAL_KV_ROW_BYTES // 16), cupy.uint64(out.data_ptr()))
+        if two:
+            args += (cupy.uint64(self.canary_v.data_ptr()), cupy.uint64(0 if kv2 is None else kv2.data_ptr()))
+        return self._fastest(timer, f"kvc_bench_floor{'_kv' if two else ''}", args, out)
 
-        def make(u: int, b: int):
-            fn = mod.get_function(f"kvc_bench_check_u{u}")
+    def check_floor_op(self, timer: Timer):
+        """The bare check (see FLOOR_SRC: check_floor) at its fastest geometry (built once)."""
+        if not hasattr(self, "_check_floor"):
+            import cupy
 
-            def run():
-                with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
-                    fn((b * sms,), (256,), args)
-            run.geometry = f"{u} x {b}"  # type: ignore[attr-defined]
-            run.keep = out  # type: ignore[attr-defined]
-            return run
-
-        best = min((timer.eager(make(u, b), runs=10, warmup=2), u, b) for u, b in FLOOR_GEOMETRIES)
-        self._check_floor = make(best[1], best[2])
+            out = torch.zeros(1, dtype=torch.int64, device=self.device)
+            args = (cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
+                    cupy.uint32(self.bs), cupy.uint32(self.prefix), cupy.uint64(self.canary.data_ptr()),
+                    cupy.uint64(out.data_ptr()))
+            self._check_floor = self._fastest(timer, "kvc_bench_check", args, out)
         return self._check_floor
 
     def floor_op(self, with_table: bool, timer: Timer, two: bool = False):
