@@ -18,6 +18,7 @@ launches and slots processed per kernel, violations by reason, violations the ri
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any
 
 import numpy as np
@@ -86,13 +87,14 @@ def _prometheus() -> Any:
     return prometheus_client
 
 
-_FAMILIES: dict[int, dict[str, Any]] = {}
+# Keyed by the registry itself, held weakly: an id() key outlives its registry, and a later registry allocated at
+# the same address would get the dead one's families (its counters would advance where nobody reads them).
+_FAMILIES: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
 
 
 def _families(registry: Any) -> dict[str, Any]:
     """The metric families of ``registry``, created once per registry and shared by every canary in it."""
-    key = id(registry)
-    fam = _FAMILIES.get(key)
+    fam = _FAMILIES.get(registry)
     if fam is None:
         prom = _prometheus()
         fam = {
@@ -106,7 +108,7 @@ def _families(registry: Any) -> dict[str, Any]:
                                     "Violations counted on the device that the ring could not keep",
                                     ["canary"], registry=registry),
         }
-        _FAMILIES[key] = fam
+        _FAMILIES[registry] = fam
     return fam
 
 

@@ -3,8 +3,10 @@ and the watchdog (on by default) firing when a tag stops running - sweep tags in
 
 from __future__ import annotations
 
+import gc
 import logging
 import re
+import weakref
 
 import pytest
 import torch
@@ -84,6 +86,31 @@ def test_metrics_count_ring_overflow():
     h = sim.canary.health()
     assert h.violations_dropped > 0
     assert sim.canary.metrics.value("kvcanary_ring_overflow_violations_total") == h.violations_dropped
+
+
+def test_metric_families_are_kept_per_registry_object_not_per_address():
+    """A registry's metric families live as long as the registry: once it is collected they are gone, so a new
+    registry (which may be allocated at the dead one's address) gets families registered in itself, and a canary's
+    counters advance where they are read."""
+    prom = pytest.importorskip("prometheus_client")
+    from kvcanary.runtime import stats
+
+    gc.collect()
+    n0 = len(stats._FAMILIES)
+    old = prom.CollectorRegistry()
+    stats._families(old)
+    alive = weakref.ref(old)
+    assert len(stats._FAMILIES) == n0 + 1
+    del old
+    gc.collect()
+    assert alive() is None and len(stats._FAMILIES) == n0  # no entry outlives its registry
+    for _ in range(20):  # new registries, some possibly at a freed address: each sees its own counters
+        reg = prom.CollectorRegistry()
+        m = stats.CanaryMetrics(name="c", tags=(T.HEAD_K_FULL,), ring_capacity=1, registry=reg)
+        m._fam["dropped"].labels("c").inc(3)
+        assert m.value("kvcanary_ring_overflow_violations_total") == 3.0
+        del m, reg
+        gc.collect()
 
 
 # ------------------------------------------------------------------------------------------------ watchdog
