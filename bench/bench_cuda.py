@@ -23,9 +23,10 @@ GPU, measured in the same run); ``gather_floor_kv`` (the same of a K and a V buf
 buffers' records: the floor of ``verify_table_kv``); ``check_floor`` (real-KV NONE only; not a kvcanary op: the
 reads of ``gather_floor`` plus the one computation SPEC §7 asks of every entry, the slot's ``slot_hash`` (three
 splitmix64 rounds) handed to the next entry and compared with its stored ``prev_hash``, and the stored position
-compared; no row mapping, bounds, log or counters: the floor of a NONE verify that hashes); ``write_floor`` (decode shapes only; not a kvcanary op: a bare kernel doing only the
-three dependent loads a plan-free decode write cannot avoid - row, table entry of the seed, seed record - and the
-record store, no row scan, checks, counters or log: the latency floor of that write on this GPU).
+compared; no row mapping, bounds, log or counters: the floor of a NONE verify that hashes); ``write_floor``
+(decode shapes only; not a kvcanary op: a bare kernel doing only the three dependent loads a plan-free decode
+write cannot avoid - row, table entry of the seed, seed record - and the record store, no row scan, checks,
+counters or log: the latency floor of that write on this GPU).
 
 Real-KV: NONE, and PARTIAL with one source of 256-byte rows per buffer (``uint8 [num_slots, 256]``, page size 1).
 Slot layouts (``--layouts``): ``contiguous`` (a request's slots are consecutive) and ``shuffled`` (a random
@@ -65,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import os
 import platform
 import statistics
@@ -229,18 +231,16 @@ KVC_BENCH_CHECK(2)
 KVC_BENCH_CHECK(4)
 """
 FLOOR_GEOMETRIES = [(u, b) for u in (1, 2, 4) for b in (2, 4, 8)]
-_floor_modules: list = []
 
 
+@functools.cache
 def floor_module():
     """FLOOR_SRC compiled once (CuPy ``RawModule``; the kernels' headers from ``kernels_cu/``)."""
-    if not _floor_modules:
-        import cupy
+    import cupy
 
-        from kvcanary.ops.cuda.specs import kernels_dir
+    from kvcanary.ops.cuda.specs import kernels_dir
 
-        _floor_modules.append(cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17", f"-I{kernels_dir()}")))
-    return _floor_modules[0]
+    return cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17", f"-I{kernels_dir()}"))
 
 # The floor of a plan-free decode write (not a kvcanary op): one thread per row does only the dependent loads such a
 # write cannot avoid (the row's pool index and prefix -> the table entry of position prefix - 1 -> that seed
@@ -849,8 +849,7 @@ def main(argv=None) -> int:
         "B/unit: nominal for plan (36), verify (88), write (56), scatter (12), real KV not counted; the byte minimum "
         "for verify_table (36 per entry, +32 in PARTIAL) and verify_table_kv (68, +64); the bare reads: "
         "gather_floor and check_floor as verify_table, gather_floor_kv as verify_table_kv, random_reads 32 per "
-        "read (+32 in "
-        "PARTIAL, so its share compares with gather_floor's). % copy = units * B/unit / "
+        "read (+32 in PARTIAL, so its share compares with gather_floor's). % copy = units * B/unit / "
         "time over the copy bandwidth. host µs = CPU time of one public-op call (median). ns/token = write time "
         "(better of eager and graph) / extend. Floor geometries (entries per thread x blocks per SM, the fastest of "
         "9): " + (", ".join(floor_geometries) or "-") + ".",
