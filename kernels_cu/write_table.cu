@@ -26,6 +26,9 @@
 //    5.7 -> 5.3 us with the per-block stamp counts below, B 8.6 -> 7.4);
 //  * long requests: the whole block; row r goes to block r mod G (the walkers are lanes 0 .. contexts-1 of
 //    warp 0, one chain per context, in lockstep; the workers are threads 32 .. 32 + kvc::kWtTile - 1).
+// With more than one row per thread, a tile is first checked for one token per row without the scan
+// (kvc_wt_decode_rows: coalesced row loads and one compare per row; the block's own rows, r mod G == block, one
+// per thread, written by its first threads); only when the check fails does the scan above run.
 // The grid is fixed by the SM count (never by the batch); the counts are read on the device. A decode batch of
 // up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one barrier, then the stores.
 //
@@ -276,6 +279,82 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     return out;
 }
 
+// A tile that may be a decode batch (every row one token), checked without the row scan: thread tid first loads
+// the block's own row of rank tid (the rows r of the tile with r mod G == block, in order; the caller makes sure
+// there are at most KVC_WT_THREADS), its tokens at the row's index and its seed records, as kvc_wt_rows does for
+// its row jm; then it checks that rows tid, tid + KVC_WT_THREADS, ... of the tile have one token each (coalesced
+// loads, no ownership or seed work per row). The barrier that publishes the own rows (their offsets are their
+// indices) tells whether every row had one token; when not, nothing published is used and the caller runs
+// kvc_wt_rows. Every block reads every row either way; this way a row costs each block three loads and a compare
+// instead of the scan's bookkeeping, and a block's writes are done by its first warp(s) rather than one thread in
+// each of its warps.
+template <int NC, bool INPUT_ASSERT, class Cx>
+__device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableParams& t, const KvcBatchParams& b,
+                                                   const KvcTokenParams& tk, kvc_i64 tile, kvc_i64 n_rows,
+                                                   kvc_i64 tok_carry, kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start,
+                                                   kvc_i64* s_seed, KvcWtSingle<NC>& one, int (&position_flag)[NC]) {
+    const int tid = (int)threadIdx.x;
+    const int nctx = cx.count();
+    // The own row (tile-local index i) first: it starts the critical path (row -> table -> seed record).
+    const kvc_i64 i = kvc_first_congruent(tile, blocks, block) - tile + (kvc_i64)tid * blocks;
+    const bool own = i < n_rows;
+    kvc_i64 rp = 0, prefix = 0, extend = 0;
+    if (own) {
+        rp = b.req_pool_indices[tile + i];
+        prefix = b.prefix_lens[tile + i];
+        extend = b.extend_seq_lens[tile + i];
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
+    one.go = false;
+    one.guess = own && tok_carry + i < tk.num_tokens ? tok_carry + i : kvc::NO_SLOT;
+    one.slot = kvc::NO_SLOT;
+    one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
+    if (one.guess >= 0) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, one.guess, one);
+    const bool active = own && kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
+    const kvc_i64 len = kvc_write_len(active, extend);
+    one.seed = kvc::NO_SLOT;
+    if (kvc_has_seed(active, prefix, len))
+        one.seed = kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp, prefix - 1)), kvc::NO_SLOT);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        one.rec[c] = KvcSeedRecord{0, 0, 0};
+        if (c < nctx && len == 1 && one.seed < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), one.seed);
+    }
+    // Every row of the tile: one token each?
+    kvc_i64 crp[kvc::kWtRowItems], cprefix[kvc::kWtRowItems], cextend[kvc::kWtRowItems];
+#pragma unroll
+    for (int j = 0; j < kvc::kWtRowItems; ++j) {
+        const kvc_i64 k = tile + tid + (kvc_i64)j * KVC_WT_THREADS;
+        crp[j] = cprefix[j] = 0;
+        cextend[j] = 1;
+        if (k < tile + n_rows) {
+            crp[j] = b.req_pool_indices[k];
+            cprefix[j] = b.prefix_lens[k];
+            cextend[j] = b.extend_seq_lens[k];
+        }
+    }
+    bool ones = true;
+#pragma unroll
+    for (int j = 0; j < kvc::kWtRowItems; ++j) {
+        const kvc_i64 k = tid + (kvc_i64)j * KVC_WT_THREADS;
+        if (k < n_rows)
+            ones = ones && cextend[j] == 1 &&
+                   kvc_row_active(crp[j], cprefix[j], t.max_reqs, t.max_seq_len, t.pad_row);
+    }
+    if (own) {
+        one.start = tok_carry + i;
+        // A good range and a seed inside the buffer (else the warp loop logs the request).
+        one.go = len == 1 && one.start < tk.num_tokens && one.seed < cx.ctx(0).num_slots;
+        s_start[i] = i;
+        // s_start[i + 1] is the next row's offset: with one block the next row is this block's too, and its thread
+        // writes it.
+        if (blocks > 1 || i + 1 == n_rows) s_start[i + 1] = i + 1;
+        s_seed[i] = one.go ? kvc::kWtRowDone : one.seed;
+    }
+    return __syncthreads_and(ones) != 0;
+}
+
 // A one-token request (`one.go`) by its thread: SPEC §6 for one token, as kvc_write_warp_request does it for a
 // request of n = 1 (the range and the seed were checked when `go` was set).
 template <int NC, bool INPUT_ASSERT, class Cx>
@@ -342,12 +421,22 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     for (kvc_i64 tile = 0; tile < b.bs; tile += tile_rows) {
         KvcWtSingle<NC> one;
         int position_flag[NC];
-        const KvcWtTile rows = items == 1
-            ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
-                                                        s_seed, scratch, invalid, one, position_flag)
-            : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry, blocks,
-                                                                       block, s_start, s_seed, scratch, invalid, one,
-                                                                       position_flag);
+        const kvc_i64 n_rows = kvc_min64(tile_rows, b.bs - tile);
+        KvcWtTile rows{n_rows, false};
+        // With more than one row per thread, the check for a decode tile first, when the block's own rows fit one
+        // per thread (block-uniform). On an H200, B decode in a graph 3.76 -> 3.39 us; at one row per thread the
+        // scan already costs a row's loads and a barrier, and the check made A decode slower (2.70 -> 2.93 us).
+        // (kvc_wt_decode_rows takes a block's own rows as KVC_WT_SPREAD lays them out.)
+        const bool decode = KVC_WT_SPREAD && items > 1 && blocks * KVC_WT_THREADS >= n_rows &&
+                            kvc_wt_decode_rows<NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, n_rows, tok_carry, blocks,
+                                                                          block, s_start, s_seed, one, position_flag);
+        if (!decode)
+            rows = items == 1
+                ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
+                                                            s_seed, scratch, invalid, one, position_flag)
+                : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry,
+                                                                           blocks, block, s_start, s_seed, scratch,
+                                                                           invalid, one, position_flag);
         bool position_assert[NC];
 #pragma unroll
         for (int c = 0; c < NC; ++c) position_assert[c] = position_flag[c] != 0;

@@ -244,19 +244,23 @@ def test_write_table_many_rows(cuda_ready, rows):
     run_write_table(b, cases, make_write_tokens(rng, b), paged=False, rng=rng)
 
 
-@pytest.mark.parametrize("rows, n_contexts, mode, assert_on", [
-    (256, 1, Mode.NONE, False), (256, 2, Mode.PARTIAL, True), (1000, 1, Mode.NONE, True), (1000, 5, Mode.ALL, False),
-    (2500, 2, Mode.NONE, False)])
-def test_write_table_decode_batches(cuda_ready, rows, n_contexts, mode, assert_on):
-    """Decode batches (one token per active row) with padding and invalid rows among them: the one-token rows are
-    written by the thread that scanned them, from token loads at the row's index (right until the first row
-    without a token, reloaded after) and seed records loaded during the row scan; rows with a bad seed or a token
-    range past the arrays (``short``) take the warp loop. 1, 4 and 4 rows per thread (2500: several tiles)."""
-    rng = rng_for("write_table-decode", rows, n_contexts, int(mode), assert_on)
+@pytest.mark.parametrize("rows, n_contexts, mode, assert_on, padded", [
+    (256, 1, Mode.NONE, False, True), (256, 2, Mode.PARTIAL, True, True), (1000, 1, Mode.NONE, True, True),
+    (1000, 5, Mode.ALL, False, True), (2500, 2, Mode.NONE, False, True), (1000, 2, Mode.PARTIAL, True, False),
+    (2500, 1, Mode.NONE, True, False)])
+def test_write_table_decode_batches(cuda_ready, rows, n_contexts, mode, assert_on, padded):
+    """Decode batches (one token per active row), with padding and invalid rows among them (``padded``) or without:
+    the one-token rows are written by the thread that loaded them, from token loads at the row's index (right until
+    the first row without a token, reloaded after) and seed records loaded during the row scan; rows with a bad
+    seed or a token range past the arrays (``short``) take the warp loop. 1, 4 and 4 rows per thread (2500:
+    several tiles). Unpadded with more than one row per thread, each tile is checked for one token per row without
+    the scan and a block's own rows are written by its first threads (kvc_wt_decode_rows)."""
+    rng = rng_for("write_table-decode", rows, n_contexts, int(mode), assert_on, padded)
     n = size(rows, min(rows, 300))
     b, cases = setup(rng, block_size=16, window=int(rng.choice([0, 9])), pad_row=-1, n_contexts=n_contexts,
-                     n_active=n, max_blocks=8, extend_cycle=(1,), n_padding=max(2, n // 50), n_invalid=max(2, n // 60),
-                     n_sources=0 if mode == Mode.NONE else 2, mode=mode)
+                     n_active=n, max_blocks=8, extend_cycle=(1,), n_padding=max(2, n // 50) if padded else 0,
+                     n_invalid=max(2, n // 60) if padded else 0, n_sources=0 if mode == Mode.NONE else 2, mode=mode)
+    assert bool((b.extend_seq_lens == 1).all()) != padded
     written = 0
     for short in (0, 3):
         tokens = make_write_tokens(rng, b, assert_on=assert_on, short=short, out_of_range=0.05, skip=0.05)

@@ -207,20 +207,25 @@ def test_write_table_emulated_short_long_boundary(emu):
 
 
 @pytest.mark.parametrize("sms, n_active, extend_cycle, n_invalid", [
-    (1, 200, (1,), 0), (3, 600, (1,), 0), (3, 1100, (1,) * 1024 + (3, 1), 2), (1, 1100, (3, 1) + (1,) * 1098, 0)])
+    (1, 200, (1,), 0), (3, 600, (1,), 0), (3, 1100, (1,) * 1024 + (3, 1), 2), (1, 1100, (3, 1) + (1,) * 1098, 0),
+    (5, 1100, (1,), 0), (5, 1100, (3, 1) + (1,) * 1098, 0), (4, 1100, (1,) * 1024 + (3, 1), 2)])
 def test_write_table_emulated_one_token_tiles(monkeypatch, sms, n_active, extend_cycle, n_invalid):
     """Tiles whose rows all have one token take their token offsets from the rows' indices (no block scan): a
     whole decode batch (1 and 2 rows per thread), a tile of one-token rows then a mixed one (its offsets start
     after the first tile's tokens), and a mixed tile then a tile of one-token rows. Three blocks: a thread's rows
-    are 256 apart, so their blocks (row mod 3) step by 256 mod 3 and wrap."""
+    are 256 apart, so their blocks (row mod 3) step by 256 mod 3 and wrap. With more than one row per thread and
+    grids whose own rows fit one per thread (600 rows over 3 blocks; tiles of 1024 rows over 4 or 5) the tile is
+    first checked for one token per row without the scan (kvc_wt_decode_rows): both tiles of a decode batch, a
+    one-token tile after a mixed one (its offsets start after the first tile's tokens), and a mixed tile, whose
+    check fails, then the scan; with fewer blocks (1100 rows over 1 or 3) the scan's own one-token shortcut."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
         b, rows = _write_table_cycle(emu, rng_for("emu-write_table-ones", n_active, len(extend_cycle)),
                                      extend_cycle=extend_cycle, flag=1, max_blocks=4, pad_row=-1, n_active=n_active,
                                      n_padding=0, n_invalid=n_invalid, max_reqs=n_active + 4, shuffle=False)
     ext = b.extend_seq_lens.numpy()
     assert rows > 0 and b.bs == n_active + n_invalid
-    if b.bs > 1024:  # two tiles of 1024 rows: exactly one of them all one-token rows
-        assert (ext[:1024] == 1).all() != (ext[1024:] == 1).all()
+    if len(extend_cycle) > 1:  # two tiles of 1024 rows: exactly one of them all one-token rows
+        assert b.bs > 1024 and (ext[:1024] == 1).all() != (ext[1024:] == 1).all()
     else:
         assert (ext == 1).all()
 
@@ -250,6 +255,7 @@ def test_write_table_emulated_two_and_three_rows_per_thread(emu, n_active):
 @pytest.mark.parametrize("sms, n_contexts, mode, window, assert_on, n_active, n_other", [
     (3, 1, Mode.NONE, 0, False, 40, 9), (3, 2, Mode.PARTIAL, 7, True, 40, 9), (1, 5, Mode.ALL, 0, True, 40, 9),
     (2, 1, Mode.NONE, 0, True, 300, 9), (3, 2, Mode.NONE, 0, True, 40, 0), (2, 1, Mode.NONE, 0, False, 900, 0),
+    (4, 2, Mode.PARTIAL, 0, True, 900, 0), (4, 1, Mode.NONE, 7, False, 600, 0), (4, 1, Mode.NONE, 0, True, 600, 9),
 ])
 def test_write_table_emulated_decode(monkeypatch, sms, n_contexts, mode, window, assert_on, n_active, n_other):
     """A decode batch (one token per active row) among padding and invalid rows: a block's one-token rows are
@@ -259,11 +265,31 @@ def test_write_table_emulated_decode(monkeypatch, sms, n_contexts, mode, window,
     2 or 3 blocks (each block writes the rows r mod G == its index) and of one block with two rows per thread
     (its second row goes to the warp loop); the tokens' slots include -1 and out-of-range ones. ``n_other``: padding
     and invalid rows; with none every row has one token, so the tile's token offsets are the rows' indices,
-    published without the block scan, and the warp loop's rows (bad seeds, short token arrays) start from them."""
-    rng = rng_for("emu-write_table-decode", sms, n_contexts, int(mode), assert_on)
+    published without the block scan, and the warp loop's rows (bad seeds, short token arrays) start from them.
+    Four blocks and 600 or 900 rows (2 to 4 rows per thread, a block's own rows fit one per thread): the tile is
+    first checked without the scan (kvc_wt_decode_rows), whose own rows are written by the first threads of the
+    block; with padding or invalid rows the check fails and the scan runs."""
+    _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_on, n_active, n_other)
+
+
+@pytest.mark.parametrize("sms, n_active", [(4, 600), (2, 200)])
+def test_write_table_emulated_decode_inactive_one_token_rows(monkeypatch, sms, n_active):
+    """Padding and invalid rows whose extend length is 1, among one-token rows: they write nothing and take no
+    tokens (SPEC §5), so the tile is not a decode tile although every extend length is 1 (the check without the
+    scan must fail on them, and the scan's own shortcut too)."""
+    _write_table_decode_case(monkeypatch, sms, 1, Mode.NONE, 0, True, n_active, 9, inactive_extend_one=True)
+
+
+def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_on, n_active, n_other,
+                             inactive_extend_one=False):
+    """One decode batch, written through the emulated kernel and the reference (tokens full and short by 2)."""
+    rng = rng_for("emu-write_table-decode", sms, n_contexts, int(mode), assert_on,
+                  *(("inactive-ones",) if inactive_extend_one else ()))
     b = make_table_batch(rng, block_size=4, extend_cycle=(1,), n_active=n_active, n_padding=5 * (n_other > 0),
                          n_invalid=n_other - 5 * (n_other > 0),
                          max_reqs=n_active + 4, max_blocks=6, pad_row=-1, window=window)
+    if inactive_extend_one:
+        b.extend_seq_lens.fill_(1)
     cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=0 if mode == Mode.NONE else 2, mode=mode,
                               ring_capacity=_ring(b, n_contexts), stride=int(rng.choice([32, 40])), flag=1)
     for c in cases:
@@ -288,7 +314,7 @@ def test_write_table_emulated_decode(monkeypatch, sms, n_contexts, mode, window,
             assert int(c.log.slot_counter[0]) > int(c0.log.slot_counter[0])
     assert rows > 0
     assert int((b.extend_seq_lens == 1).sum()) >= n_active
-    assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0) and b.bs == n_active + n_other
+    assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0 or inactive_extend_one) and b.bs == n_active + n_other
 
 
 # ------------------------------------------------------------------------------- the SGLang-named ops
