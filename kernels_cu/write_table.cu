@@ -117,8 +117,21 @@ struct KvcWtSingle {
     bool go;  // write it (kvc_wt_single) once the rows are published
     kvc_i64 guess, start, seed;
     KvcSeedRecord rec[NC];
+    kvc_u64 running[NC];  // the chain state the seed records give (kvc_wt_single_seed)
+    kvc_i64 last_pos[NC];
     kvc_i64 slot, tok, pos, expected_tok, expected_pos;
 };
+
+// The chain state of a one-token row from its seed records. kvc_wt_decode_rows computes it before the barrier that
+// publishes the rows (after the check's loads are used), so the hash overlaps the wait for the other threads rather
+// than following it (H200, with the two changes at the kernel's end, B decode in a graph 3.54 -> 3.40 us); after the
+// scan (kvc_wt_rows) the same order made A 2.73 -> 2.89 us, so there it is computed after the barrier.
+template <int NC>
+__device__ __forceinline__ void kvc_wt_single_seed(int nctx, KvcWtSingle<NC>& one) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c)
+        if (c < nctx) kvc_write_seed_state(one.rec[c], one.seed, one.running[c], one.last_pos[c]);
+}
 
 // Token i's slot, id and position (and its expected ones with the input assert) into `one`.
 template <int NC, bool INPUT_ASSERT>
@@ -322,23 +335,27 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
         if (c < nctx && len == 1 && one.seed < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), one.seed);
     }
     // Every row of the tile: one token each?
+    // Each block starts at its own place in the tile (block * 32 rows on, wrapping), so that the grid's blocks do not
+    // all ask the same L2 lines at once (H200, B decode in a graph 3.50-3.55 -> 3.46-3.48 us).
     kvc_i64 crp[kvc::kWtRowItems], cprefix[kvc::kWtRowItems], cextend[kvc::kWtRowItems];
+    const kvc_i64 rot = (kvc_i64)((unsigned)block * 32u % (unsigned)n_rows);  // n_rows <= kWtRows, block < 2**31
 #pragma unroll
     for (int j = 0; j < kvc::kWtRowItems; ++j) {
-        const kvc_i64 k = tile + tid + (kvc_i64)j * KVC_WT_THREADS;
+        kvc_i64 k = tid + (kvc_i64)j * KVC_WT_THREADS;
         crp[j] = cprefix[j] = 0;
         cextend[j] = 1;
-        if (k < tile + n_rows) {
-            crp[j] = b.req_pool_indices[k];
-            cprefix[j] = b.prefix_lens[k];
-            cextend[j] = b.extend_seq_lens[k];
+        if (k < n_rows) {
+            k += rot;
+            if (k >= n_rows) k -= n_rows;
+            crp[j] = b.req_pool_indices[tile + k];
+            cprefix[j] = b.prefix_lens[tile + k];
+            cextend[j] = b.extend_seq_lens[tile + k];
         }
     }
     bool ones = true;
 #pragma unroll
     for (int j = 0; j < kvc::kWtRowItems; ++j) {
-        const kvc_i64 k = tid + (kvc_i64)j * KVC_WT_THREADS;
-        if (k < n_rows)
+        if (tid + (kvc_i64)j * KVC_WT_THREADS < n_rows)
             ones = ones && cextend[j] == 1 &&
                    kvc_row_active(crp[j], cprefix[j], t.max_reqs, t.max_seq_len, t.pad_row);
     }
@@ -351,6 +368,7 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
         // writes it.
         if (blocks > 1 || i + 1 == n_rows) s_start[i + 1] = i + 1;
         s_seed[i] = one.go ? kvc::kWtRowDone : one.seed;
+        if (len == 1) kvc_wt_single_seed<NC>(nctx, one);
     }
     return __syncthreads_and(ones) != 0;
 }
@@ -371,12 +389,10 @@ __device__ __forceinline__ void kvc_wt_single(const Cx& cx, const KvcTokenParams
         if (c < nctx) {
             const int flag = kvc_write_flag(one.slot, cx.ctx(c).slot_limit, assert_bits);
             const kvc_i64 rkv = Cx::kRealKv && (flag & kvc::kFlagStamp) ? (kvc_i64)cx.fingerprint(c, one.slot) : 0;
-            kvc_u64 running;
-            kvc_i64 last_pos;
-            kvc_write_seed_state(one.rec[c], one.seed, running, last_pos);
             const bool check_pos = one.seed >= 0 && position_assert[c];
             stamped[c] += kvc_write_finish(cx.ctx(c), tk, true, flag, one.slot, one.tok, one.pos, rkv,
-                                           (kvc_i64)running, (kvc_i64)((kvc_u64)last_pos + 1ULL), check_pos, i);
+                                           (kvc_i64)one.running[c], (kvc_i64)((kvc_u64)one.last_pos[c] + 1ULL),
+                                           check_pos, i);
         }
     }
 }
@@ -411,6 +427,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) stamped[c] = 0;
 
+    bool all_decode = true;  // every tile took kvc_wt_decode_rows (block-uniform)
     kvc_i64 tok_carry = 0;  // tokens of the rows before the tile
     kvc_i64 invalid = 0;    // invalid rows this thread saw
     // Rows per thread: as few as cover the batch in one tile (at most kWtRowItems), so a small decode batch
@@ -430,6 +447,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         const bool decode = KVC_WT_SPREAD && items > 1 && blocks * KVC_WT_THREADS >= n_rows &&
                             kvc_wt_decode_rows<NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, n_rows, tok_carry, blocks,
                                                                           block, s_start, s_seed, one, position_flag);
+        all_decode = all_decode && decode;
         if (!decode)
             rows = items == 1
                 ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
@@ -442,7 +460,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         for (int c = 0; c < NC; ++c) position_assert[c] = position_flag[c] != 0;
         const kvc_i64 tile_total = rows.total;
         const kvc_i64 tile_end = tile + kvc_min64(tile_rows, b.bs - tile);
-        if (one.go) kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, stamped);
+        if (one.go) {
+            if (!decode) kvc_wt_single_seed<NC>(nctx, one);
+            kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, stamped);
+        }
 
         // Short, empty and bad requests: one warp each (the loop is warp-uniform).
         for (kvc_i64 r = kvc_first_congruent(tile, warps, gwarp); r < tile_end; r += warps) {
@@ -473,5 +494,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         kvc_block_exclusive_sum(invalid, scratch, invalid_total);
         if (tid == 0) *b.invalid_rows = (int)invalid_total;
     }
-    kvc_write_count_stamps<NC, KVC_WT_BLOCK_STAMPS ? kvc::kWtWarps : 0>(cx, stamped);
+    // After decode tiles only the warps that hold the block's own rows have stamped (the first, when the grid has
+    // at least 32 blocks), so one atomic per such warp needs no block barrier.
+    if (all_decode)
+        kvc_write_count_stamps<NC, 0>(cx, stamped);
+    else
+        kvc_write_count_stamps<NC, KVC_WT_BLOCK_STAMPS ? kvc::kWtWarps : 0>(cx, stamped);
 }
