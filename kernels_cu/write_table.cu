@@ -334,9 +334,9 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
         one.rec[c] = KvcSeedRecord{0, 0, 0};
         if (c < nctx && len == 1 && one.seed < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), one.seed);
     }
-    // Every row of the tile: one token each?
-    // Each block starts at its own place in the tile (block * 32 rows on, wrapping), so that the grid's blocks do not
-    // all ask the same L2 lines at once (H200, B decode in a graph 3.50-3.55 -> 3.46-3.48 us).
+    // Every row of the tile: one token each? Each block starts at its own place in the tile (block * 32 rows on,
+    // wrapping), so that the grid's blocks do not all ask the same L2 lines at once (H200, B decode in a graph
+    // 3.50-3.55 -> 3.46-3.48 us).
     kvc_i64 crp[kvc::kWtRowItems], cprefix[kvc::kWtRowItems], cextend[kvc::kWtRowItems];
     const kvc_i64 rot = (kvc_i64)((unsigned)block * 32u % (unsigned)n_rows);  // n_rows <= kWtRows, block < 2**31
 #pragma unroll
