@@ -145,6 +145,22 @@ __device__ __forceinline__ void kvc_wt_single_tokens(const KvcTokenParams& tk, k
     }
 }
 
+// `one` before its row is known: nothing to write yet, and its tokens loaded at `guess` (the row's token index if
+// every row before it has one token; kvc::NO_SLOT: past the token arrays, or no row).
+template <int NC, bool INPUT_ASSERT>
+__device__ __forceinline__ void kvc_wt_single_begin(const KvcTokenParams& tk, kvc_i64 guess, KvcWtSingle<NC>& one) {
+    one.go = false;
+    one.guess = guess;
+    one.slot = kvc::NO_SLOT;
+    one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
+    if (guess >= 0) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, guess, one);
+}
+
+// The seed of a row that has one (kvc_has_seed): T(RT(rp, prefix - 1)), every negative value as kvc::NO_SLOT.
+__device__ __forceinline__ kvc_i64 kvc_wt_row_seed(const KvcTableParams& t, kvc_i64 rp, kvc_i64 prefix) {
+    return kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp, prefix - 1)), kvc::NO_SLOT);
+}
+
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -236,11 +252,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             if (jm < 0 && by_warps) jm = j;
         }
     }
-    one.go = false;
-    one.guess = jm >= 0 && first + jm < tk.num_tokens ? first + jm : kvc::NO_SLOT;
-    one.slot = kvc::NO_SLOT;
-    one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
-    if (one.guess >= 0) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, one.guess, one);
+    kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, jm >= 0 && first + jm < tk.num_tokens ? first + jm : kvc::NO_SLOT, one);
     kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
     bool some_long = false, ones = true;  // ones: every row of the thread's has one token
     kvc_i64 len_m = 0, seed_m = kvc::NO_SLOT;  // row jm's
@@ -256,7 +268,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             some_long = some_long || len[j] > kvc::kWriteShort;
             ones = ones && len[j] == 1;
             if (mine[j] && kvc_has_seed(active, prefix[j], len[j]))
-                seed[j] = kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp[j], prefix[j] - 1)), kvc::NO_SLOT);
+                seed[j] = kvc_wt_row_seed(t, rp[j], prefix[j]);
         }
         sum += len[j];
         if (j == jm) {
@@ -319,16 +331,12 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
-    one.go = false;
-    one.guess = own && tok_carry + i < tk.num_tokens ? tok_carry + i : kvc::NO_SLOT;
-    one.slot = kvc::NO_SLOT;
-    one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
-    if (one.guess >= 0) kvc_wt_single_tokens<NC, INPUT_ASSERT>(tk, one.guess, one);
+    kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, own && tok_carry + i < tk.num_tokens ? tok_carry + i : kvc::NO_SLOT,
+                                          one);
     const bool active = own && kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
     const kvc_i64 len = kvc_write_len(active, extend);
     one.seed = kvc::NO_SLOT;
-    if (kvc_has_seed(active, prefix, len))
-        one.seed = kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp, prefix - 1)), kvc::NO_SLOT);
+    if (kvc_has_seed(active, prefix, len)) one.seed = kvc_wt_row_seed(t, rp, prefix);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         one.rec[c] = KvcSeedRecord{0, 0, 0};
