@@ -165,6 +165,7 @@ __device__ __forceinline__ kvc_i64 kvc_wt_row_seed(const KvcTableParams& t, kvc_
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
     bool any_long;  // some row has more than kvc::kWriteShort tokens (so the long-request loop has work)
+    bool ones;      // every row has one token (a decode tile: only the warps of the block's own rows stamp)
 };
 
 // Thread tid's rows into shared memory, from `run`, the tile-local token offset of its first row: s_start gets
@@ -291,10 +292,12 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     KvcWtTile out;
     out.total = n_rows;
     out.any_long = false;
+    out.ones = true;
     kvc_wt_publish<ITEMS>(cx, tk, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
                           s_seed, one);
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = n_rows;
     if (__syncthreads_and(ones)) return out;
+    out.ones = false;
     const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
     kvc_wt_publish<ITEMS>(cx, tk, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
@@ -435,7 +438,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) stamped[c] = 0;
 
-    bool all_decode = true;  // every tile took kvc_wt_decode_rows (block-uniform)
+    bool all_decode = true;  // every tile had one token per row (block-uniform)
     kvc_i64 tok_carry = 0;  // tokens of the rows before the tile
     kvc_i64 invalid = 0;    // invalid rows this thread saw
     // Rows per thread: as few as cover the batch in one tile (at most kWtRowItems), so a small decode batch
@@ -447,7 +450,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         KvcWtSingle<NC> one;
         int position_flag[NC];
         const kvc_i64 n_rows = kvc_min64(tile_rows, b.bs - tile);
-        KvcWtTile rows{n_rows, false};
+        KvcWtTile rows{n_rows, false, true};
         // With more than one row per thread, the check for a decode tile first, when the block's own rows fit one
         // per thread (block-uniform). On an H200, B decode in a graph 3.76 -> 3.39 us; at one row per thread the
         // scan already costs a row's loads and a barrier, and the check made A decode slower (2.70 -> 2.93 us).
@@ -455,7 +458,6 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         const bool decode = KVC_WT_SPREAD && items > 1 && blocks * KVC_WT_THREADS >= n_rows &&
                             kvc_wt_decode_rows<NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, n_rows, tok_carry, blocks,
                                                                           block, s_start, s_seed, one, position_flag);
-        all_decode = all_decode && decode;
         if (!decode)
             rows = items == 1
                 ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
@@ -463,6 +465,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
                 : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry,
                                                                            blocks, block, s_start, s_seed, scratch,
                                                                            invalid, one, position_flag);
+        all_decode = all_decode && rows.ones;  // kvc_wt_decode_rows checked it (rows keeps its defaults)
         bool position_assert[NC];
 #pragma unroll
         for (int c = 0; c < NC; ++c) position_assert[c] = position_flag[c] != 0;
@@ -502,8 +505,8 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         kvc_block_exclusive_sum(invalid, scratch, invalid_total);
         if (tid == 0) *b.invalid_rows = (int)invalid_total;
     }
-    // After decode tiles only the warps that hold the block's own rows have stamped (the first, when the grid has
-    // at least 32 blocks), so one atomic per such warp needs no block barrier.
+    // After tiles of one-token rows only the warps that hold the block's own rows have stamped (with a grid of one
+    // block per SM: at A two warps per block, at B the first), so one atomic per such warp needs no block barrier.
     if (all_decode)
         kvc_write_count_stamps<NC, 0>(cx, stamped);
     else
