@@ -33,7 +33,8 @@
 // up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one barrier, then the stores.
 //
 // Counters: per context kernel_run_counter += 1 (block 0) and slot_run_counter += the stamped slots (one atomic
-// per block, KVC_WT_BLOCK_STAMPS); invalid_rows (if given) is SET by block 0, which walks every row. Rows, RT(),
+// per block, KVC_WT_BLOCK_STAMPS; per stamping warp, with no barrier, when every tile's rows had one token);
+// invalid_rows (if given) is SET by block 0, which walks every row. Rows, RT(),
 // T(), seeds and bounds as the reference (SPEC §5, §6, §9, §10; see write_core.cuh): a row's tokens are
 // [sum of write_len of the rows before it, + write_len); invalid and padding rows write nothing and take no
 // tokens.
