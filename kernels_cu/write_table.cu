@@ -162,6 +162,26 @@ __device__ __forceinline__ kvc_i64 kvc_wt_row_seed(const KvcTableParams& t, kvc_
     return kvc_max64(kvc_lut_translate_any(t, kvc_table_rt(t, rp, prefix - 1)), kvc::NO_SLOT);
 }
 
+// Each context's chain position flag (0 for the contexts past the launch's), loaded right after a tile's row loads;
+// compared only where used.
+template <int NC, class Cx>
+__device__ __forceinline__ void kvc_wt_position_flags(const Cx& cx, int nctx, int (&position_flag)[NC]) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
+}
+
+// The seed records of `one`'s row, whose seed is `seed`: loaded when the row has one token (`len`) and the seed is
+// inside the buffer (only such a seed has a record), so that they are in flight while the rows are published.
+template <int NC, class Cx>
+__device__ __forceinline__ void kvc_wt_single_seed_load(const Cx& cx, int nctx, kvc_i64 len, kvc_i64 seed,
+                                                        KvcWtSingle<NC>& one) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        one.rec[c] = KvcSeedRecord{0, 0, 0};
+        if (c < nctx && len == 1 && seed < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), seed);
+    }
+}
+
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -224,8 +244,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             extend[j] = b.extend_seq_lens[first + j];
         }
     }
-#pragma unroll
-    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
+    kvc_wt_position_flags<NC>(cx, nctx, position_flag);
     bool mine[ITEMS];
     int jm = -1;  // the thread's first row of the block's own
 #if KVC_WT_SPREAD
@@ -278,13 +297,9 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             seed_m = seed[j];
         }
     }
-    // Row jm's seed records, in flight during the scan (only a seed inside the buffer has one).
+    // Row jm's seed records, in flight during the scan.
     one.seed = seed_m;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        one.rec[c] = KvcSeedRecord{0, 0, 0};
-        if (c < nctx && len_m == 1 && seed_m < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), seed_m);
-    }
+    kvc_wt_single_seed_load<NC>(cx, nctx, len_m, seed_m, one);
     // The rows' tile-local token offsets. When every row of the tile has one token (a decode batch) a row's offset
     // is its index: the rows are published at once, and the barrier that publishes them also tells whether that
     // held; only when not does the block scan (three more barriers) run and the rows get published again. (Offsets
@@ -333,19 +348,14 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
         prefix = b.prefix_lens[tile + i];
         extend = b.extend_seq_lens[tile + i];
     }
-#pragma unroll
-    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
+    kvc_wt_position_flags<NC>(cx, nctx, position_flag);
     kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, own && tok_carry + i < tk.num_tokens ? tok_carry + i : kvc::NO_SLOT,
                                           one);
     const bool active = own && kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
     const kvc_i64 len = kvc_write_len(active, extend);
     one.seed = kvc::NO_SLOT;
     if (kvc_has_seed(active, prefix, len)) one.seed = kvc_wt_row_seed(t, rp, prefix);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        one.rec[c] = KvcSeedRecord{0, 0, 0};
-        if (c < nctx && len == 1 && one.seed < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), one.seed);
-    }
+    kvc_wt_single_seed_load<NC>(cx, nctx, len, one.seed, one);
     // Every row of the tile: one token each? Each block starts at its own place in the tile (block * 32 rows on,
     // wrapping), so that the grid's blocks do not all ask the same L2 lines at once (H200, B decode in a graph
     // 3.50-3.55 -> 3.46-3.48 us).
