@@ -170,15 +170,15 @@ __device__ __forceinline__ void kvc_wt_position_flags(const Cx& cx, int nctx, in
     for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
 }
 
-// The seed records of `one`'s row, whose seed is `seed`: loaded when the row has one token (`len`) and the seed is
-// inside the buffer (only such a seed has a record), so that they are in flight while the rows are published.
+// The seed records of `one`'s row (one.seed set): loaded when the row has one token (`len`) and the seed is inside
+// the buffer (only such a seed has a record), so that they are in flight while the rows are published.
 template <int NC, class Cx>
-__device__ __forceinline__ void kvc_wt_single_seed_load(const Cx& cx, int nctx, kvc_i64 len, kvc_i64 seed,
-                                                        KvcWtSingle<NC>& one) {
+__device__ __forceinline__ void kvc_wt_single_seed_load(const Cx& cx, int nctx, kvc_i64 len, KvcWtSingle<NC>& one) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
         one.rec[c] = KvcSeedRecord{0, 0, 0};
-        if (c < nctx && len == 1 && seed < cx.ctx(0).num_slots) one.rec[c] = kvc_write_seed_load(cx.ctx(c), seed);
+        if (c < nctx && len == 1 && one.seed < cx.ctx(0).num_slots)
+            one.rec[c] = kvc_write_seed_load(cx.ctx(c), one.seed);
     }
 }
 
@@ -299,7 +299,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     }
     // Row jm's seed records, in flight during the scan.
     one.seed = seed_m;
-    kvc_wt_single_seed_load<NC>(cx, nctx, len_m, seed_m, one);
+    kvc_wt_single_seed_load<NC>(cx, nctx, len_m, one);
     // The rows' tile-local token offsets. When every row of the tile has one token (a decode batch) a row's offset
     // is its index: the rows are published at once, and the barrier that publishes them also tells whether that
     // held; only when not does the block scan (three more barriers) run and the rows get published again. (Offsets
@@ -355,7 +355,7 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
     const kvc_i64 len = kvc_write_len(active, extend);
     one.seed = kvc::NO_SLOT;
     if (kvc_has_seed(active, prefix, len)) one.seed = kvc_wt_row_seed(t, rp, prefix);
-    kvc_wt_single_seed_load<NC>(cx, nctx, len, one.seed, one);
+    kvc_wt_single_seed_load<NC>(cx, nctx, len, one);
     // Every row of the tile: one token each? Each block starts at its own place in the tile (block * 32 rows on,
     // wrapping), so that the grid's blocks do not all ask the same L2 lines at once (H200, B decode in a graph
     // 3.50-3.55 -> 3.46-3.48 us).
