@@ -22,7 +22,9 @@
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
 # 7. ncu        - Nsight Compute counters of the plan-free verify (B; A with the L2 warm) and of the decode writes
 #                 (A; the plan-free one at B too), instructions executed included (bench/profile_verify_table.py)
-# 8. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
+# 8. timeline   - bench/timeline_verify_table.py: when each block and warp of the plan-free verify at A starts and
+#                 ends, per generation of an SM's blocks (writes $OUT/timeline.md; T_TIMELINE)
+# 9. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
 #                 sweep (writes $OUT/tune_<kernel>.md; TUNE_ARGS, T_TUNE)
 #
 # transformers 5.24.0 (the version the integration is pinned to) is installed from .whl/ when a wheel is there
@@ -33,7 +35,7 @@
 # table (part, result, seconds, sanitizer errors) is printed last. Exit status 0 only when every part
 # passed and the sanitizers reported zero errors.
 #
-# Knobs (environment): RUN_PARTS (default "tests memcheck racecheck bench"), T_TESTS / T_MEMCHECK /
+# Knobs (environment): RUN_PARTS (default "tests memcheck racecheck bench host hf ncu timeline"), T_TESTS / T_MEMCHECK /
 # T_RACECHECK / T_BENCH (timeouts in seconds, default 300 / 200 / 150 / 150; a run takes far less),
 # SANITIZER_K (a pytest -k expression narrowing the memcheck pass), SANITIZER_SMALL (default 1: the value of
 # KVCANARY_GPU_SMALL under the sanitizers; 0 = full sizes), BENCH_ARGS (extra bench arguments).
@@ -46,7 +48,7 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
-RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf ncu}"
+RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf ncu timeline}"
 T_NCU="${T_NCU:-60}"
 T_HOST="${T_HOST:-60}"
 # What the tests part runs: the GPU tests and the CuPy-side compile check by default (the CPU suite is CI's);
@@ -283,7 +285,15 @@ if has_part ncu; then
     fi
 fi
 
-# ---- 8. (opt-in: RUN_PARTS=... tune) launch-geometry sweep of the plan-free kernels (TUNE_ARGS="--kernel write_table")
+# ---- 8. per-block and per-warp timeline of the plan-free verify at A
+if has_part timeline; then
+    run_part timeline "${T_TIMELINE:-90}" "$OUT/timeline.md" "$PY" bench/timeline_verify_table.py
+    rc=$?
+    [[ $rc -ne 0 ]] && FAILED=1
+    SUMMARY+=("timeline|$(result_word $rc)|$PART_SECONDS|-")
+fi
+
+# ---- 9. (opt-in: RUN_PARTS=... tune) launch-geometry sweep of the plan-free kernels (TUNE_ARGS="--kernel write_table")
 if has_part tune; then
     OUT="$OUT" run_part tune "${T_TUNE:-240}" "$OUT/tune.log" "$PY" bench/tune_geometry.py ${TUNE_ARGS:-}
     rc=$?

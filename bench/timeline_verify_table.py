@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Per-block and per-warp timeline of the plan-free verify: where one launch's time goes across the SMs.
+
+Usage (on a CUDA machine, from the repository root)::
+
+    PYTHONPATH=. python3 bench/timeline_verify_table.py                    # shape A, both slot layouts
+    PYTHONPATH=. python3 bench/timeline_verify_table.py --shape B --layouts shuffled
+
+Compiles an instrumented copy of ``kernels_cu/verify_table.cu`` (the library's kernel source is pointed at the
+copy, as ``bench/tune_geometry.py`` does) that records, for every block, ``%globaltimer`` and ``clock64`` at its
+start and at the end of its entries, its SM, and the cycles from its start until its first tile's rows are loaded,
+until their scan is done and until its warps begin their entries; for every warp, the cycles until the end of its
+first step and of its last, and its number of steps; and when block 0 has ended its closing walk over the rows.
+It then times ``verify_table`` of ``bench/bench_cuda.py``'s case (real-KV NONE, one buffer) as that script does in a
+graph (20 launches per replay, the L2 not flushed) and reads the record of the replay's last launch.
+
+Printed per layout: the kernel's span (first block start to last block end, ``%globaltimer``, ns), percentiles of
+the block and warp times, and the block and warp times per generation: a block's rank by index among the blocks of
+its SM, the order the SM was given them in (with four blocks per SM, generation 3 is the fourth block an SM took;
+the first instructions of an SM's blocks run within a few hundred cycles of each other in any order, so their
+start cycles do not tell the order). The stores add a few registers and instructions: compare spans within one run
+of this script, not with ``bench_cuda.py``'s times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MAX_BLOCKS = 4096
+MAX_WARPS = MAX_BLOCKS * 32
+_GLOBALS = f"""
+__device__ unsigned long long kvc_tl_block[{MAX_BLOCKS} * 8];
+__device__ unsigned long long kvc_tl_warp[{MAX_WARPS} * 4];
+__device__ unsigned long long kvc_tl_close[2];
+__device__ __forceinline__ unsigned long long kvc_tl_gt() {{
+    unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }}
+__device__ __forceinline__ unsigned long long kvc_tl_smid() {{
+    unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }}
+"""
+_B = "kvc_tl_block[blockIdx.x * 8 + {}]"
+_W = "kvc_tl_warp[(blockIdx.x * kvc::kVtWarps + warp) * 4 + {}]"
+# Block fields: 0 start (globaltimer), 1 start (clock64), 2 SM, 3 rows loaded, 4 scan done, 5 entries begin (cycles),
+# 6 entries end (globaltimer), 7 entries end (clock64). Warp fields: 0 first step end, 1 end (clock64), 2 end
+# (globaltimer), 3 steps. A first-tile field is written once (0 until then); the conditions on len and tile_total
+# make the stores wait for those values.
+_PATCHES = (
+    ('extern "C" __global__ void __launch_bounds__', "before", _GLOBALS),
+    ("const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;", "after",
+     f"\n    if (tid == 0) {{ {_B.format(0)} = kvc_tl_gt(); {_B.format(1)} = clock64(); {_B.format(2)} = kvc_tl_smid();"
+     f" {_B.format(3)} = {_B.format(4)} = {_B.format(5)} = 0; }}"),
+    ("        // Rows past bs have no entries", "before",
+     f"        if (tid == 0 && {_B.format(3)} == 0 && len != -1) {_B.format(3)} = clock64();\n"),
+    ("        s_off[tid] = off;", "after",
+     f"\n        if (tid == 0 && {_B.format(4)} == 0 && tile_total != -1) {_B.format(4)} = clock64();"),
+    ("__syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])", "after",
+     f"\n        if (tid == 0 && {_B.format(5)} == 0) {_B.format(5)} = clock64();"),
+    ("    for (;;) {\n        __syncthreads();  // the walk state", "before",
+     f"    int kvc_tl_steps = 0;\n    if (lane == 0) {_W.format(0)} = 0;\n"),
+    ("            if (base >= hi) break;", "replace",
+     f"            if (base >= hi) {{\n                if (lane == 0) {{ {_W.format(1)} = clock64(); {_W.format(2)} = kvc_tl_gt();"
+     f" {_W.format(3)} = kvc_tl_steps; }}\n                break;\n            }}"),
+    ("                if (c < nctx) kvc_vt_context(p.ctx[c], en, &ws[3 + c]);  // block-uniform condition", "after",
+     f"\n            if (lane == 0 && kvc_tl_steps == 0) {_W.format(0)} = clock64();\n            ++kvc_tl_steps;"),
+    ("    if (blockIdx.x == 0) {  // block 0 counts", "before",
+     f"    if (tid == 0) {{ {_B.format(6)} = kvc_tl_gt(); {_B.format(7)} = clock64(); }}\n"),
+    ("            if (b.invalid_rows != nullptr)", "before",
+     "            kvc_tl_close[0] = kvc_tl_gt();\n            kvc_tl_close[1] = clock64();\n"),
+)
+
+
+def instrumented_source(text: str) -> str:
+    """``verify_table.cu``'s text with the timeline's stores; every anchor must occur exactly once."""
+    for anchor, where, code in _PATCHES:
+        n = text.count(anchor)
+        if n != 1:
+            raise ValueError(f"timeline_verify_table: anchor {anchor!r} occurs {n} times in verify_table.cu "
+                             "(update _PATCHES to the kernel's current text)")
+        new = {"before": code + anchor, "after": anchor + code, "replace": code}[where]
+        text = text.replace(anchor, new)
+    return text
+
+
+def _pct(a: np.ndarray) -> list[str]:
+    return [f"{np.percentile(a, q):.0f}" for q in (0, 10, 50, 90, 100)] if a.size else ["-"] * 5
+
+
+def report(blocks: np.ndarray, warps: np.ndarray, close: np.ndarray, warps_per_block: int) -> str:
+    """The markdown table of one launch's record (``blocks`` [n, 8], ``warps`` [n * warps_per_block, 4], int64)."""
+    gt0, clk0, sm = blocks[:, 0], blocks[:, 1], blocks[:, 2]
+    t0 = gt0.min()
+    span = blocks[:, 6].max() - t0
+    dur = blocks[:, 7] - clk0
+    wclk0 = np.repeat(clk0, warps_per_block)
+    busy = warps[:, 3] > 0
+    gen = np.zeros(len(blocks), dtype=int)
+    for s in np.unique(sm):
+        idx = np.flatnonzero(sm == s)  # ascending: the order the SM was given its blocks in
+        gen[idx] = np.arange(len(idx))
+    rows = [
+        ("block start (ns after the first)", gt0 - t0),
+        ("block end (ns after the first start)", blocks[:, 6] - t0),
+        ("block duration (cycles)", dur),
+        ("rows loaded (cycles after block start)", blocks[:, 3] - clk0),
+        ("rows scanned (cycles)", blocks[:, 4] - clk0),
+        ("entries begin (cycles)", blocks[:, 5] - clk0),
+        ("warp's first step ends (cycles)", (warps[:, 0] - wclk0)[busy]),
+        ("warp ends (cycles)", (warps[:, 1] - wclk0)[busy]),
+        ("warp's steps", warps[busy, 3]),
+    ]
+    for g in range(int(gen.max()) + 1):
+        m = gen == g
+        rows.append((f"block duration, generation {g} ({int(m.sum())} blocks; cycles)", dur[m]))
+        rows.append((f"warp ends, generation {g} (cycles)", (warps[:, 1] - wclk0)[np.repeat(m, warps_per_block) & busy]))
+    out = [f"kernel span {span} ns (globaltimer); {len(blocks)} blocks on {len(np.unique(sm))} SMs, "
+           f"{int(busy.sum())} of {len(warps)} warps with entries; block 0's closing walk ends "
+           f"{close[0] - t0} ns after the first start",
+           "", "| what | p0 | p10 | p50 | p90 | max |", "|---|---|---|---|---|---|"]
+    out += [f"| {name} | " + " | ".join(_pct(np.asarray(v))) + " |" for name, v in rows]
+    return "\n".join(out)
+
+
+def _read(cp, mod, name: str, n: int, k: int) -> np.ndarray:
+    """The module's ``__device__`` array ``name`` as an int64 [n, k] host array."""
+    return cp.ndarray((n, k), dtype=cp.uint64, memptr=mod.get_global(name)).get().astype(np.int64)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="A")
+    ap.add_argument("--layouts", default="shuffled,contiguous")
+    ap.add_argument("--replays", type=int, default=3, help="graph replays; the last one's record is printed")
+    ap.add_argument("--seed", type=int, default=20240601)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("timeline_verify_table: no CUDA device", file=sys.stderr)
+        return 2
+    import bench_cuda as bc
+
+    from kvcanary import RealKvHashMode
+    from kvcanary.ops.cuda import grids, launch, loader, specs
+
+    work = Path(tempfile.mkdtemp(prefix="kvc_timeline_"))
+    shutil.copytree(specs.kernels_dir(), work / "kernels_cu")
+    f = work / "kernels_cu" / "verify_table.cu"
+    f.write_text(instrumented_source(f.read_text()))
+    specs.kernels_dir = lambda d=work / "kernels_cu": d  # type: ignore[assignment]
+    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid):
+        fn.cache_clear()
+    loader._modules.clear()
+    loader._kernels.clear()
+    loader._functions.clear()
+    launch.clear_caches()
+
+    import cupy as cp
+
+    dev = torch.device("cuda", 0)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    grid = grids.verify_table_grid(False, sms)
+    assert grid.blocks <= MAX_BLOCKS, grid
+    wpb = grid.threads // 32
+    spec = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1)
+    for layout in args.layouts.split(","):
+        case = bc.Case(args.shape, RealKvHashMode.NONE, layout, dev, args.seed)
+        case.stamp_prefix()
+        case.verify_table()
+        torch.cuda.synchronize()
+        mod = loader._modules[(dev.index or 0, spec.key)]
+        g = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            case.verify_table()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        with torch.cuda.graph(g):
+            for _ in range(20):
+                case.verify_table()
+        for _ in range(args.replays):
+            g.replay()
+        torch.cuda.synchronize()
+
+        blocks = _read(cp, mod, "kvc_tl_block", MAX_BLOCKS, 8)[:grid.blocks]
+        warps = _read(cp, mod, "kvc_tl_warp", MAX_WARPS, 4)[:grid.blocks * wpb]
+        close = _read(cp, mod, "kvc_tl_close", 1, 2)[0]
+        print(f"\n## {args.shape} {layout} NONE, verify_table, one buffer ({torch.cuda.get_device_name(dev)}; "
+              f"{grid.blocks} blocks x {grid.threads} threads; violations {case.violations()})\n")
+        print(report(blocks, warps, close, wpb), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

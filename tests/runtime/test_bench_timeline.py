@@ -1,0 +1,60 @@
+"""bench/timeline_verify_table.py runs on a GPU only: keep its instrumentation in step with verify_table.cu's text,
+and its per-generation analysis right (a block's generation is its rank by index among its SM's blocks)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+try:
+    import timeline_verify_table as tl
+finally:
+    sys.path.remove(str(ROOT / "bench"))
+
+
+def test_every_anchor_is_in_the_kernel_once_and_gets_its_store():
+    src = (ROOT / "kernels_cu" / "verify_table.cu").read_text()
+    out = tl.instrumented_source(src)
+    for anchor, where, code in tl._PATCHES:
+        assert out.count(code) == 1, anchor
+        if where != "replace":
+            assert out.count(anchor) == 1, anchor
+    # the warp's end is recorded where its entry loop ends, and nothing else of the kernel is lost
+    assert "if (base >= hi) break;" not in out
+    assert len(out) > len(src)
+    with pytest.raises(ValueError, match="anchor"):
+        tl.instrumented_source(src.replace("        s_off[tid] = off;", "        s_off[tid]  = off;"))
+
+
+def _row(table: str, name: str) -> list[float]:
+    line = next(x for x in table.splitlines() if x.startswith(f"| {name} |"))
+    return [float(v) for v in line.strip("|").split("|")[1:]]
+
+
+def test_report_ranks_the_blocks_of_each_sm_by_index():
+    rng = np.random.default_rng(7)
+    sms, per_sm, wpb = 3, 2, 2
+    blocks, warps, durs = [], [], {0: [], 1: []}
+    for b in range(sms * per_sm):
+        sm = b % sms
+        gen = 1 if b >= sms else 0
+        start = 1000 - 50 * gen + int(rng.integers(0, 10))  # generation 1 starts first: the index tells, not the cycle
+        dur = int(rng.integers(20_000, 30_000)) + 5_000 * gen
+        durs[gen].append(dur)
+        blocks.append([start * 2, start, sm, start + 100, start + 200, start + 300, (start + dur) * 2, start + dur])
+        for w in range(wpb):
+            warps.append([start + 400, start + dur - 10 * w, (start + dur) * 2, 3])
+    table = tl.report(np.array(blocks, dtype=np.int64), np.array(warps, dtype=np.int64), np.array([5000, 0]), wpb)
+    for gen in (0, 1):
+        name = f"block duration, generation {gen} ({sms} blocks; cycles)"
+        p0, _, p50, _, top = _row(table, name)
+        assert (p0, p50, top) == (min(durs[gen]), float(np.median(durs[gen])), max(durs[gen]))
+    assert _row(table, "warp's steps") == [3.0] * 5
+    span = max(b[6] for b in blocks) - min(b[0] for b in blocks)
+    assert re.search(rf"kernel span {span} ns", table)
