@@ -233,6 +233,21 @@ KVC_BENCH_CHECK(4)
 FLOOR_GEOMETRIES = [(u, b) for u in (1, 2, 4) for b in (2, 4, 8)]
 
 
+def use_kernels_dir(path) -> None:
+    """Make ``path`` (a copy of ``kernels_cu/``, possibly edited) the kernel source the library compiles and reads its
+    launch defines from, with every cache built from the previous source cleared (bench/tune_geometry.py,
+    bench/timeline_verify_table.py)."""
+    from kvcanary.ops.cuda import grids, launch, loader, specs
+
+    specs.kernels_dir = lambda d=path: d  # type: ignore[assignment]
+    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid):
+        fn.cache_clear()
+    loader._modules.clear()
+    loader._kernels.clear()
+    loader._functions.clear()
+    launch.clear_caches()
+
+
 @functools.cache
 def floor_module():
     """FLOOR_SRC compiled once (CuPy ``RawModule``; the kernels' headers from ``kernels_cu/``)."""
@@ -384,7 +399,7 @@ class Check:
 class Case:
     def __init__(self, shape: str, mode: RealKvHashMode, layout: str, device: torch.device, seed: int):
         p = SHAPES[shape]
-        self.shape, self.mode, self.device = shape, mode, device
+        self.shape, self.mode, self.layout, self.device = shape, mode, layout, device
         self.bs, self.prefix, self.extend = p["bs"], p["prefix"], p["extend"]
         bs, prefix, extend = self.bs, self.prefix, self.extend
         L = self.L = prefix + extend

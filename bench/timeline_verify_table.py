@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from kvcanary import RealKvHashMode
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MAX_BLOCKS = 4096
@@ -145,55 +147,54 @@ def main(argv=None) -> int:
         return 2
     import bench_cuda as bc
 
-    from kvcanary import RealKvHashMode
-    from kvcanary.ops.cuda import grids, launch, loader, specs
+    from kvcanary.ops.cuda import specs
 
-    work = Path(tempfile.mkdtemp(prefix="kvc_timeline_"))
-    shutil.copytree(specs.kernels_dir(), work / "kernels_cu")
-    f = work / "kernels_cu" / "verify_table.cu"
-    f.write_text(instrumented_source(f.read_text()))
-    specs.kernels_dir = lambda d=work / "kernels_cu": d  # type: ignore[assignment]
-    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid):
-        fn.cache_clear()
-    loader._modules.clear()
-    loader._kernels.clear()
-    loader._functions.clear()
-    launch.clear_caches()
+    with tempfile.TemporaryDirectory(prefix="kvc_timeline_") as work:
+        kernels = Path(work) / "kernels_cu"
+        shutil.copytree(specs.kernels_dir(), kernels)
+        f = kernels / "verify_table.cu"
+        f.write_text(instrumented_source(f.read_text()))
+        bc.use_kernels_dir(kernels)
+        for layout in args.layouts.split(","):
+            print(timeline(bc.Case(args.shape, RealKvHashMode.NONE, layout, torch.device("cuda", 0), args.seed),
+                           args.replays), flush=True)
+    return 0
 
+
+def timeline(case, replays: int) -> str:
+    """The record of the last launch of ``replays`` graph replays of 20 ``case.verify_table()`` launches (the
+    instrumented kernel must be the library's source: :func:`bench_cuda.use_kernels_dir`), as a heading and a table."""
     import cupy as cp
 
-    dev = torch.device("cuda", 0)
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    grid = grids.verify_table_grid(False, sms)
+    from kvcanary.ops.cuda import grids, loader, specs
+
+    dev = case.device
+    grid = grids.verify_table_grid(False, torch.cuda.get_device_properties(dev).multi_processor_count)
     assert grid.blocks <= MAX_BLOCKS, grid
     wpb = grid.threads // 32
+    case.stamp_prefix()
+    case.verify_table()  # compiles and loads the module
+    torch.cuda.synchronize()
     spec = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1)
-    for layout in args.layouts.split(","):
-        case = bc.Case(args.shape, RealKvHashMode.NONE, layout, dev, args.seed)
-        case.stamp_prefix()
+    mod = loader._modules[(dev.index or 0, spec.key)]
+    g = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
         case.verify_table()
-        torch.cuda.synchronize()
-        mod = loader._modules[(dev.index or 0, spec.key)]
-        g = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
+    torch.cuda.current_stream(dev).wait_stream(side)
+    with torch.cuda.graph(g):
+        for _ in range(20):
             case.verify_table()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        with torch.cuda.graph(g):
-            for _ in range(20):
-                case.verify_table()
-        for _ in range(args.replays):
-            g.replay()
-        torch.cuda.synchronize()
-
-        blocks = _read(cp, mod, "kvc_tl_block", MAX_BLOCKS, 8)[:grid.blocks]
-        warps = _read(cp, mod, "kvc_tl_warp", MAX_WARPS, 4)[:grid.blocks * wpb]
-        close = _read(cp, mod, "kvc_tl_close", 1, 2)[0]
-        print(f"\n## {args.shape} {layout} NONE, verify_table, one buffer ({torch.cuda.get_device_name(dev)}; "
-              f"{grid.blocks} blocks x {grid.threads} threads; violations {case.violations()})\n")
-        print(report(blocks, warps, close, wpb), flush=True)
-    return 0
+    for _ in range(replays):
+        g.replay()
+    torch.cuda.synchronize()
+    blocks = _read(cp, mod, "kvc_tl_block", MAX_BLOCKS, 8)[:grid.blocks]
+    warps = _read(cp, mod, "kvc_tl_warp", MAX_WARPS, 4)[:grid.blocks * wpb]
+    close = _read(cp, mod, "kvc_tl_close", 1, 2)[0]
+    head = (f"\n## {case.shape} {case.layout} NONE, verify_table, one buffer ({torch.cuda.get_device_name(dev)}; "
+            f"{grid.blocks} blocks x {grid.threads} threads; violations {case.violations()})\n")
+    return head + "\n" + report(blocks, warps, close, wpb)
 
 
 if __name__ == "__main__":

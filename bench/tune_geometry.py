@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cuda as B
 
 from kvcanary import RealKvHashMode
-from kvcanary.ops.cuda import grids, launch, loader, specs
+from kvcanary.ops.cuda import loader, specs
 
 KERNELS = {
     # kernel -> (source, entry point, defines a variant sets (in variant order, each define: its names),
@@ -72,13 +72,7 @@ def use_variant(kernel: str, values: tuple[int, ...], work: Path) -> None:
                 text, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
                 assert n == 1, name
         f.write_text(text)
-    specs.kernels_dir = lambda d=dst: d  # type: ignore[assignment]
-    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid):
-        fn.cache_clear()
-    loader._modules.clear()
-    loader._kernels.clear()
-    loader._functions.clear()
-    launch.clear_caches()
+    B.use_kernels_dir(dst)
 
 
 def name(values: tuple[int, ...]) -> str:
