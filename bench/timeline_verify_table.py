@@ -11,8 +11,8 @@ copy, as ``bench/tune_geometry.py`` does) that records, for every block, ``%glob
 start and at the end of its entries, its SM, and the cycles from its start until its first tile's rows are loaded,
 until their scan is done and until its warps begin their entries; for every warp, the cycles until the end of its
 first step and of its last, and its number of steps; and when block 0 has ended its closing walk over the rows.
-It then times ``verify_table`` of ``bench/bench_cuda.py``'s case (real-KV NONE, one buffer) as that script does in a
-graph (20 launches per replay, the L2 not flushed) and reads the record of the replay's last launch.
+It then times ``verify_table`` of ``bench/bench_cuda.py``'s case (real-KV NONE, one buffer) with that script's
+``Timer.graph`` (20 launches per replay, the L2 not flushed) and reads the record of the last replay's last launch.
 
 Printed per layout: the kernel's span (first block start to last block end, ``%globaltimer``, ns), percentiles of
 the block and warp times, and the block and warp times per generation: a block's rank by index among the blocks of
@@ -42,7 +42,7 @@ MAX_WARPS = MAX_BLOCKS * 32
 _GLOBALS = f"""
 __device__ unsigned long long kvc_tl_block[{MAX_BLOCKS} * 8];
 __device__ unsigned long long kvc_tl_warp[{MAX_WARPS} * 4];
-__device__ unsigned long long kvc_tl_close[2];
+__device__ unsigned long long kvc_tl_close;
 __device__ __forceinline__ unsigned long long kvc_tl_gt() {{
     unsigned long long t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }}
 __device__ __forceinline__ unsigned long long kvc_tl_smid() {{
@@ -75,7 +75,7 @@ _PATCHES = (
     ("    if (blockIdx.x == 0) {  // block 0 counts", "before",
      f"    if (tid == 0) {{ {_B.format(6)} = kvc_tl_gt(); {_B.format(7)} = clock64(); }}\n"),
     ("            if (b.invalid_rows != nullptr)", "before",
-     "            kvc_tl_close[0] = kvc_tl_gt();\n            kvc_tl_close[1] = clock64();\n"),
+     "            kvc_tl_close = kvc_tl_gt();\n"),
 )
 
 
@@ -95,8 +95,9 @@ def _pct(a: np.ndarray) -> list[str]:
     return [f"{np.percentile(a, q):.0f}" for q in (0, 10, 50, 90, 100)] if a.size else ["-"] * 5
 
 
-def report(blocks: np.ndarray, warps: np.ndarray, close: np.ndarray, warps_per_block: int) -> str:
-    """The markdown table of one launch's record (``blocks`` [n, 8], ``warps`` [n * warps_per_block, 4], int64)."""
+def report(blocks: np.ndarray, warps: np.ndarray, close: int, warps_per_block: int) -> str:
+    """The markdown table of one launch's record (``blocks`` [n, 8], ``warps`` [n * warps_per_block, 4], int64;
+    ``close``: the globaltimer when block 0 ended its closing walk)."""
     gt0, clk0, sm = blocks[:, 0], blocks[:, 1], blocks[:, 2]
     t0 = gt0.min()
     span = blocks[:, 6].max() - t0
@@ -124,7 +125,7 @@ def report(blocks: np.ndarray, warps: np.ndarray, close: np.ndarray, warps_per_b
         rows.append((f"warp ends, generation {g} (cycles)", (warps[:, 1] - wclk0)[np.repeat(m, warps_per_block) & busy]))
     out = [f"kernel span {span} ns (globaltimer); {len(blocks)} blocks on {len(np.unique(sm))} SMs, "
            f"{int(busy.sum())} of {len(warps)} warps with entries; block 0's closing walk ends "
-           f"{close[0] - t0} ns after the first start",
+           f"{close - t0} ns after the first start",
            "", "| what | p0 | p10 | p50 | p90 | max |", "|---|---|---|---|---|---|"]
     out += [f"| {name} | " + " | ".join(_pct(np.asarray(v))) + " |" for name, v in rows]
     return "\n".join(out)
@@ -139,7 +140,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="A")
     ap.add_argument("--layouts", default="shuffled,contiguous")
-    ap.add_argument("--replays", type=int, default=3, help="graph replays; the last one's record is printed")
+    ap.add_argument("--replays", type=int, default=3, help="timed graph replays; the last one's record is printed")
     ap.add_argument("--seed", type=int, default=20240601)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -155,15 +156,18 @@ def main(argv=None) -> int:
         f = kernels / "verify_table.cu"
         f.write_text(instrumented_source(f.read_text()))
         bc.use_kernels_dir(kernels)
+        dev = torch.device("cuda", 0)
+        timer = bc.Timer(dev)
         for layout in args.layouts.split(","):
-            print(timeline(bc.Case(args.shape, RealKvHashMode.NONE, layout, torch.device("cuda", 0), args.seed),
-                           args.replays), flush=True)
+            print(timeline(bc.Case(args.shape, RealKvHashMode.NONE, layout, dev, args.seed), timer, args.replays),
+                  flush=True)
     return 0
 
 
-def timeline(case, replays: int) -> str:
-    """The record of the last launch of ``replays`` graph replays of 20 ``case.verify_table()`` launches (the
-    instrumented kernel must be the library's source: :func:`bench_cuda.use_kernels_dir`), as a heading and a table."""
+def timeline(case, timer, replays: int) -> str:
+    """The record of the last launch of ``timer.graph``'s ``replays`` timed replays of 20 ``case.verify_table()``
+    launches (the instrumented kernel must be the library's source: :func:`bench_cuda.use_kernels_dir`), as a heading
+    and a table."""
     import cupy as cp
 
     from kvcanary.ops.cuda import grids, loader, specs
@@ -177,23 +181,13 @@ def timeline(case, replays: int) -> str:
     torch.cuda.synchronize()
     spec = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1)
     mod = loader._modules[(dev.index or 0, spec.key)]
-    g = torch.cuda.CUDAGraph()
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        case.verify_table()
-    torch.cuda.current_stream(dev).wait_stream(side)
-    with torch.cuda.graph(g):
-        for _ in range(20):
-            case.verify_table()
-    for _ in range(replays):
-        g.replay()
-    torch.cuda.synchronize()
+    us = timer.graph(case.verify_table, runs=replays, reps=20)
     blocks = _read(cp, mod, "kvc_tl_block", MAX_BLOCKS, 8)[:grid.blocks]
     warps = _read(cp, mod, "kvc_tl_warp", MAX_WARPS, 4)[:grid.blocks * wpb]
-    close = _read(cp, mod, "kvc_tl_close", 1, 2)[0]
+    close = int(_read(cp, mod, "kvc_tl_close", 1, 1)[0, 0])
     head = (f"\n## {case.shape} {case.layout} NONE, verify_table, one buffer ({torch.cuda.get_device_name(dev)}; "
-            f"{grid.blocks} blocks x {grid.threads} threads; violations {case.violations()})\n")
+            f"{grid.blocks} blocks x {grid.threads} threads; instrumented, {us:.2f} µs per launch in the graph; "
+            f"violations {case.violations()})\n")
     return head + "\n" + report(blocks, warps, close, wpb)
 
 

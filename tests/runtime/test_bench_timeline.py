@@ -50,7 +50,7 @@ def test_report_ranks_the_blocks_of_each_sm_by_index():
         blocks.append([start * 2, start, sm, start + 100, start + 200, start + 300, (start + dur) * 2, start + dur])
         for w in range(wpb):
             warps.append([start + 400, start + dur - 10 * w, (start + dur) * 2, 3])
-    table = tl.report(np.array(blocks, dtype=np.int64), np.array(warps, dtype=np.int64), np.array([5000, 0]), wpb)
+    table = tl.report(np.array(blocks, dtype=np.int64), np.array(warps, dtype=np.int64), 5000, wpb)
     for gen in (0, 1):
         name = f"block duration, generation {gen} ({sms} blocks; cycles)"
         p0, _, p50, _, top = _row(table, name)
