@@ -466,6 +466,12 @@ __device__ __forceinline__ kvc_i64 kvc_table_rt_at(const KvcTableParams& t, kvc_
     return (kvc_i64)__ldg(t.table + (origin + idx));
 }
 
+// RT of a per-position table (not paged) as the int loaded from the cell kvc_table_cell_at names, for a kernel that
+// converts it later (its loads then stay in flight together).
+__device__ __forceinline__ int kvc_table_raw_flat(const KvcTableParams& t, kvc_i64 origin, kvc_i64 idx) {
+    return __ldg(t.table + (origin + idx));
+}
+
 // RT(rp, p) of a valid row rp and 0 <= p < max_seq_len.
 __device__ __forceinline__ kvc_i64 kvc_table_rt(const KvcTableParams& t, kvc_i64 rp, kvc_i64 p) {
     return kvc_table_rt_at(t, rp * t.cols, p, p);

@@ -18,7 +18,8 @@
 // exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp takes its
 // steps' parts of the tile (a step may straddle two tiles): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
-// one comparison), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
+// one comparison; the first row of a warp's entries in a tile is found by the whole warp in two votes,
+// kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
 // with the tile, so no per-entry rp * cols). So lanes read consecutive table entries
 // (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
 //
@@ -99,7 +100,9 @@ constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 // looked-up predecessor's record together with the entry's own. Measured on an H200 (docs/BENCHMARKS.md,
 // 2026-12-03 19:18): 1-6 % faster with real KV; without it (two entries per thread at 64 registers, bound by
 // instructions at A) the same ordering made A contiguous 10 % and B contiguous 5 % slower in a graph, so there
-// each entry's loads are consumed where they are issued.
+// an entry's looked-up predecessor is loaded and used in place; only the entries' own table ints of a
+// per-position table are loaded in the row loop and converted after it (their loads overlap: A 8 %, B contiguous
+// 8 % faster in a graph, docs/BENCHMARKS.md, 2026-12-04).
 constexpr bool kVtEarlyLoads = KVC_HAS_REAL_KV != 0;
 }  // namespace kvc
 
@@ -229,6 +232,20 @@ __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* r
     range[3] = total;
 }
 
+// The tile row that owns tile-local entry e (0 <= e < offsets[kVtTile]): the first r with offsets[r + 1] > e, as
+// kvc_find_row, found by the whole warp (every lane calls it with the same e) in two votes: lane l first tests the
+// end of the l-th group of kVtTile / 32 rows, then lane l < kVtTile / 32 tests row l of the first group that ends
+// past e. Rows without entries never own one (their end equals their start).
+__device__ __forceinline__ int kvc_vt_warp_find_row(const kvc_i64* offsets, kvc_i64 e) {
+    constexpr int group = kvc::kVtTile / kvc::kWarpSize;
+    static_assert(group * kvc::kWarpSize == kvc::kVtTile && group <= kvc::kWarpSize, "rows per vote group");
+    const int lane = (int)(threadIdx.x & 31);
+    const unsigned ends = __ballot_sync(kvc::kFullMask, offsets[group * (lane + 1)] > e);  // lane 31: the total
+    const int g = __ffs((int)ends) - 1;
+    const unsigned rows = __ballot_sync(kvc::kFullMask, lane < group && offsets[group * g + lane + 1] > e);
+    return group * g + __ffs((int)rows) - 1;
+}
+
 extern "C" __global__ void __launch_bounds__(KVC_VT_THREADS, kvc::kVtMinBlocks)
 kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     // The tile's rows, one array so that a row's fields sit at fixed offsets from one address (with four separate
@@ -331,7 +348,13 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             s_walk[4] = s_walk[4] + tile_total;
             s_walk[5] = s_walk[5] + kvc::kVtTile;
         }
-        int hint = 0;  // this thread's last row in the tile (its entries only move forward)
+        // This thread's last row in the tile (its entries only move forward): first the row of the warp's first
+        // entry in the tile, found by the whole warp at once (two votes), not by each lane galloping from row 0.
+        int hint = 0;
+        {
+            const kvc_i64 e0 = kvc_max64(wr[0], 0);  // warp-uniform
+            if (e0 < wr[1]) hint = kvc_vt_warp_find_row(s_off, e0);
+        }
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
         // is lane 31's of u - 1 or, with per-warp ranges, of the warp's previous step (kept in s_warp), so only
         // the warp's first entry in the tile (with grid-strided steps: in the step) and the rows' first entries
@@ -347,9 +370,13 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             KvcVtEntries en;
             // With kVtEarlyLoads: first every entry's row and table cells (its own and, when it looks its
             // predecessor up, the one before), then all the step's table loads back to back, then their values, so
-            // the loads' latencies overlap. Otherwise an entry's table values are loaded and used in place.
+            // the loads' latencies overlap. Otherwise a looked-up predecessor's table value is loaded and used in
+            // place, and so is a block table's entry.
             KvcTableCell cell[kvc::kVtUnroll], prev_cell[kvc::kVtUnroll];
             bool look[kvc::kVtUnroll];  // looks its predecessor up in the table (not lane - 1's, not a chain head)
+            // Without kVtEarlyLoads and with a per-position table: each entry's table int, loaded in the row loop
+            // and turned into its slot after it, so that the step's table loads are in flight together.
+            int raw[kvc::kVtUnroll];
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
                 const kvc_i64 el = base + (kvc_i64)(u * kvc::kWarpSize + lane);
@@ -369,8 +396,10 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                     const kvc_i64 first = s_off[row], cell0 = s_cell0[row];
                     const kvc_i64 pos = el + s_pos0[row];
                     en.pos[u] = pos;
-                    if (!kvc::kVtEarlyLoads)
-                        en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt_at(t, cell0, el, pos));
+                    if (!kvc::kVtEarlyLoads) {
+                        if (t.paged) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt_at(t, cell0, el, pos));
+                        else raw[u] = kvc_table_raw_flat(t, cell0, el);
+                    }
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
@@ -392,8 +421,13 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                 }
             }
+            if (!kvc::kVtEarlyLoads && !t.paged) {
+#pragma unroll
+                for (int u = 0; u < kvc::kVtUnroll; ++u)
+                    if (en.act[u]) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, (kvc_i64)raw[u]);
+            }
             if (kvc::kVtEarlyLoads) {
-                int raw[kvc::kVtUnroll], raw_prev[kvc::kVtUnroll];
+                int raw_prev[kvc::kVtUnroll];
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     raw[u] = en.act[u] ? __ldg(cell[u].at) : 0;

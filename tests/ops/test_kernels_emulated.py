@@ -23,7 +23,7 @@ import torch
 import kvcanary as kc
 from kvcanary import RealKvHashMode as Mode
 from kvcanary.ops.cuda import specs
-from support.cuda_emu import compiler, emulated_cuda
+from support.cuda_emu import build, compiler, emulated_cuda
 from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
 from support.table_cases import (
     make_canary_case,
@@ -151,6 +151,55 @@ def test_verify_table_emulated_slot_bounds(emu):
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].verify_kwargs(False)),
                     (b, cases))
     assert _compare(ref[1], got[1]) > 0
+
+
+_FIND_ROW_PROBE = r"""
+struct KvcProbeFindRow { const long long* offsets; const long long* es; int* out; long long n; };
+// Warp w answers es[w], es[w + warps], ... with kvc_vt_warp_find_row (every lane calls it with the same e).
+extern "C" __global__ void kvc_probe_warp_find_row(const KvcProbeFindRow p) {
+    const int warps = (int)(blockDim.x >> 5);
+    for (long long i = (long long)(threadIdx.x >> 5); i < p.n; i += warps) {
+        const int r = kvc_vt_warp_find_row(p.offsets, p.es[i]);
+        if ((threadIdx.x & 31) == 0) p.out[i] = r;
+    }
+}
+"""
+
+
+def test_verify_table_warp_find_row_emulated():
+    """kvc_vt_warp_find_row (the row of a warp's first entry in a tile) is the first row whose entries end past the
+    entry, for every entry of tiles with empty rows (runs of them, at the start, across the 8-row vote groups and at
+    the end) and one-entry rows. The verify kernel only starts its per-lane search there, so a row found too early
+    would go unnoticed by the differential tests (only slower): this checks the exact row."""
+    base = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1)
+
+    class Probe:  # the verify module's source with one probe kernel appended
+        family, key, entry_points = "vt_probe", base.key + "+probe", ("kvc_probe_warp_find_row",)
+
+        @staticmethod
+        def source() -> str:
+            return base.source() + _FIND_ROW_PROBE
+
+    lib = build(Probe)
+    rng = np.random.default_rng(20261204)
+    for case in range(4):
+        lens = rng.choice([0, 0, 0, 1, 2, 5, 17], size=256).astype(np.int64)
+        if case == 1:
+            lens[:40] = 0  # an empty start, across five vote groups
+        if case == 2:
+            lens[200:] = 0  # an empty end: the last row with entries is 199
+        if case == 3:
+            lens[:] = 0
+            lens[[7, 8, 63, 64, 255]] = [3, 1, 2, 4, 1]  # rows at the groups' edges
+        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        es = np.arange(int(offsets[-1]), dtype=np.int64)
+        out = np.full(es.size, -7, dtype=np.int32)
+        args = np.zeros(1, dtype=[("offsets", "u8"), ("es", "u8"), ("out", "u8"), ("n", "i8")])
+        args[0] = (offsets.ctypes.data, es.ctypes.data, out.ctypes.data, es.size)
+        assert lib.emu_launch(b"kvc_probe_warp_find_row", 1, 64, args.ctypes.data) == 0
+        want = np.searchsorted(offsets[1:], es, side="right")  # first r with offsets[r + 1] > e
+        assert lens[want].min() > 0
+        np.testing.assert_array_equal(out, want, err_msg=f"case {case}")
 
 
 # ----------------------------------------------------------------------------------------------- write
