@@ -18,8 +18,8 @@
 // exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp takes its
 // steps' parts of the tile (a step may straddle two tiles): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
-// one comparison; the first row of a warp's entries in a tile is found by the whole warp in two votes,
-// kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
+// one comparison; without real KV the first row of a warp's entries in a tile is found by the whole warp in two
+// votes, kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
 // with the tile, so no per-entry rp * cols). So lanes read consecutive table entries
 // (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
 //
@@ -348,11 +348,13 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             s_walk[4] = s_walk[4] + tile_total;
             s_walk[5] = s_walk[5] + kvc::kVtTile;
         }
-        // This thread's last row in the tile (its entries only move forward): first the row of the warp's first
-        // entry in the tile, found by the whole warp at once (two votes), not by each lane galloping from row 0.
+        // This thread's last row in the tile (its entries only move forward). With per-warp ranges, first the row of
+        // the warp's first entry in the tile, found by the whole warp at once (two votes) rather than by each lane
+        // galloping from row 0 (A NONE 2-4 % faster in a graph). Not with grid-strided steps (real KV): there it
+        // made D and A contiguous PARTIAL 1-2.5 % slower (docs/BENCHMARKS.md, 2026-12-04).
         int hint = 0;
-        {
-            const kvc_i64 e0 = kvc_max64(wr[0], 0);  // warp-uniform
+        if (kvc::kVtCarry) {
+            const kvc_i64 e0 = kvc_max64(wr[0], 0);  // warp-uniform (>= 0 already: a clamp the compiler cannot see)
             if (e0 < wr[1]) hint = kvc_vt_warp_find_row(s_off, e0);
         }
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
