@@ -31,11 +31,12 @@
 // PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
 // the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
 // done once; each context adds its record (and KV) reads.
-// Numbers (H200, docs/BENCHMARKS.md, 2026-12-03): B NONE shuffled (8.4 M entries) runs within 7 % of a bare kernel
-// that reads the same table entries and records and checks nothing (235 against 221 us; random 32-byte records
-// cost a 64-byte DRAM access each); A NONE (1 M entries) is 32 us eager, 19 us in a graph, 9.0 warp instructions
-// per entry (Nsight Compute; 14.4 with the earlier distribution, where blocks took 512-entry chunks round-robin and
-// lane 0 of every warp looked up its predecessor at every step); B NONE contiguous 114 us (178 before).
+// Numbers (H200, docs/BENCHMARKS.md, 2026-12-04): B NONE shuffled (8.4 M entries) runs within 5 % of a bare kernel
+// that reads the same table entries and records and checks nothing (230 against 220 us; random 32-byte records
+// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.5 us eager, 17.1 us in a graph, 7.9 warp
+// instructions per entry (Nsight Compute; 14.4 with the earlier distribution, where blocks took 512-entry chunks
+// round-robin and lane 0 of every warp looked up its predecessor at every step); B NONE contiguous 108.5 us
+// (178 before).
 // The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
 // the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,

@@ -31,7 +31,9 @@
 # (carry .whl with the call): pip install --no-deps --target /tmp/site, then PYTHONPATH; its GPU tests are part
 # of "tests" and are skipped without it.
 #
-# Logs: $OUT/tests.log, memcheck.log, racecheck.log, bench.log, bench.md, summary.md (6 files). The summary
+# Logs in $OUT, one or two per part: tests.log, memcheck.log (and memcheck_pool.log), racecheck.log, bench.log and
+# bench.md, bench_host.log and bench_host.md, bench_transformers.log and bench_transformers.md, ncu.log,
+# timeline.md, tune.log (and tune_<kernel>.md), and summary.md. The summary
 # table (part, result, seconds, sanitizer errors) is printed last. Exit status 0 only when every part
 # passed and the sanitizers reported zero errors.
 #
