@@ -19,9 +19,9 @@
 // steps' parts of the tile (a step may straddle two tiles): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
 // one comparison; without real KV the first row of a warp's entries in a tile is found by the whole warp in two
-// votes, kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0 (published
-// with the tile, so no per-entry rp * cols). So lanes read consecutive table entries
-// (coalesced), the active counts are read on the device, and the ranges are fixed before any entry is read.
+// votes, kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0
+// (published with the tile, so no per-entry rp * cols). So lanes read consecutive table entries (coalesced), the
+// active counts are read on the device, and the ranges are fixed before any entry is read.
 //
 // Bytes per entry (shuffled pool, NONE): 4 B of table (a 128-byte line per 32 lanes) + the slot's 32-byte record;
 // the predecessor's record is the neighbouring entry's: lane l computes slot_hash of its own record and passes it
