@@ -453,6 +453,12 @@ __device__ __forceinline__ kvc_i64 kvc_table_value(const KvcTableParams& t, cons
     return t.paged ? kvc_rt_paged((kvc_i64)raw, c.rem, t.block_size) : (kvc_i64)raw;
 }
 
+// RT of a per-position table (not paged) as the int loaded from the cell kvc_table_cell_at names (a kernel may
+// convert it later, so that several such loads stay in flight together).
+__device__ __forceinline__ int kvc_table_raw_flat(const KvcTableParams& t, kvc_i64 origin, kvc_i64 idx) {
+    return __ldg(t.table + (origin + idx));
+}
+
 // RT(rp, p) (SPEC §10), as int64, load included, of the cell kvc_table_cell_at names. The same rule as
 // kvc_table_cell_at and kvc_table_value in one piece: built from those two, the verify without real KV compiled
 // to different code and ran slower (it is bound by instructions).
@@ -463,13 +469,7 @@ __device__ __forceinline__ kvc_i64 kvc_table_rt_at(const KvcTableParams& t, kvc_
         kvc_divmod(p, t.block_size, col, rem);
         return kvc_rt_paged((kvc_i64)__ldg(t.table + (origin + col)), rem, t.block_size);
     }
-    return (kvc_i64)__ldg(t.table + (origin + idx));
-}
-
-// RT of a per-position table (not paged) as the int loaded from the cell kvc_table_cell_at names, for a kernel that
-// converts it later (its loads then stay in flight together).
-__device__ __forceinline__ int kvc_table_raw_flat(const KvcTableParams& t, kvc_i64 origin, kvc_i64 idx) {
-    return __ldg(t.table + (origin + idx));
+    return (kvc_i64)kvc_table_raw_flat(t, origin, idx);
 }
 
 // RT(rp, p) of a valid row rp and 0 <= p < max_seq_len.
