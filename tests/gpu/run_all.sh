@@ -37,8 +37,9 @@
 # table (part, result, seconds, sanitizer errors) is printed last. Exit status 0 only when every part
 # passed and the sanitizers reported zero errors.
 #
-# Knobs (environment): RUN_PARTS (default "tests memcheck racecheck bench host hf ncu timeline"), T_TESTS / T_MEMCHECK /
-# T_RACECHECK / T_BENCH (timeouts in seconds, default 300 / 200 / 150 / 150; a run takes far less),
+# Knobs (environment): RUN_PARTS (default "tests memcheck racecheck bench host hf ncu timeline"); the parts'
+# timeouts in seconds T_TESTS / T_MEMCHECK / T_RACECHECK / T_BENCH / T_HOST / T_HF / T_NCU / T_TIMELINE / T_TUNE
+# (default 300 / 200 / 150 / 150 / 60 / 180 / 60 / 90 / 240; a run takes far less),
 # SANITIZER_K (a pytest -k expression narrowing the memcheck pass), SANITIZER_SMALL (default 1: the value of
 # KVCANARY_GPU_SMALL under the sanitizers; 0 = full sizes), BENCH_ARGS (extra bench arguments).
 # Seen on one H200 (2026-12-02, before the plan-free kernels): the four parts took about 40 + 10 + 10 + 11 s.
@@ -53,6 +54,8 @@ PY="${PY:-python3}"
 RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf ncu timeline}"
 T_NCU="${T_NCU:-60}"
 T_HOST="${T_HOST:-60}"
+T_TIMELINE="${T_TIMELINE:-90}"
+T_TUNE="${T_TUNE:-240}"
 # What the tests part runs: the GPU tests and the CuPy-side compile check by default (the CPU suite is CI's);
 # TEST_PATHS=tests runs everything.
 TEST_PATHS="${TEST_PATHS:-tests/gpu tests/ops/test_nvrtc_compile.py}"
@@ -289,7 +292,7 @@ fi
 
 # ---- 8. per-block and per-warp timeline of the plan-free verify at A
 if has_part timeline; then
-    run_part timeline "${T_TIMELINE:-90}" "$OUT/timeline.md" "$PY" bench/timeline_verify_table.py
+    run_part timeline "$T_TIMELINE" "$OUT/timeline.md" "$PY" bench/timeline_verify_table.py
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("timeline|$(result_word $rc)|$PART_SECONDS|-")
@@ -297,7 +300,7 @@ fi
 
 # ---- 9. (opt-in: RUN_PARTS=... tune) launch-geometry sweep of the plan-free kernels (TUNE_ARGS="--kernel write_table")
 if has_part tune; then
-    OUT="$OUT" run_part tune "${T_TUNE:-240}" "$OUT/tune.log" "$PY" bench/tune_geometry.py ${TUNE_ARGS:-}
+    OUT="$OUT" run_part tune "$T_TUNE" "$OUT/tune.log" "$PY" bench/tune_geometry.py ${TUNE_ARGS:-}
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("tune|$(result_word $rc)|$PART_SECONDS|-")
