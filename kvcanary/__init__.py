@@ -9,8 +9,7 @@ Layers: :mod:`kvcanary.ops` (kernel-level ops: structures, validation, CPU refer
 injectors, an engine-shaped workload, the demo). Everything public is importable from ``kvcanary``.
 """
 
-import sys
-
+from kvcanary import faults
 from kvcanary._version import __version__
 from kvcanary.consts import (
     CanaryLaunchTag,
@@ -43,12 +42,7 @@ from kvcanary.runtime.canary import KVCanary, SwaConfig
 from kvcanary.runtime.health import CanaryHealth, CanaryNotRunningError, CanaryWatchdog, TagCounters
 from kvcanary.runtime.planner import CanaryPlanner
 from kvcanary.runtime.report import CanaryViolationError, Violation
-from kvcanary.testing import faults
 from kvcanary.testing.schedule import FaultNotDetectedError, FaultSchedule
-
-# `kvcanary.faults` is the documented name of the fault injectors: importable as a module too
-# (`from kvcanary.faults import FaultSchedule`), not only as an attribute.
-sys.modules[__name__ + ".faults"] = faults
 
 __all__ = [
     "CanaryHealth",

@@ -18,8 +18,9 @@ variable                                default       meaning
 ``KVCANARY_STATS_INTERVAL``             ``0``         log a ``[canary] step=...`` stats line every N steps (0: off)
 ``KVCANARY_WATCHDOG_PATIENCE``          ``16``        canary steps a launch tag may stall before
                                                       ``CanaryNotRunningError`` (0: watchdog off)
-``KVCANARY_FAULT_*``                    (off)         a fault schedule for an engine's CI, see
-                                                      :class:`kvcanary.faults.FaultSchedule`
+``KVCANARY_FAULT_*``                    (off)         a fault schedule for an engine's CI: not read here (the
+                                                      runtime does not load testing aids) but by
+                                                      :meth:`kvcanary.faults.FaultSchedule.from_env`
 ======================================  ============  ==========================================================
 """
 
@@ -33,7 +34,6 @@ from typing import Any
 from kvcanary.consts import RealKvHashMode
 from kvcanary.errors import invalid
 
-ENV_PREFIX = "KVCANARY_"
 DEFAULT_RING_CAPACITY = 1024
 DEFAULT_WATCHDOG_PATIENCE = 16
 
@@ -74,7 +74,6 @@ class CanaryConfig:
     ring_capacity: int = DEFAULT_RING_CAPACITY
     stats_interval: int = 0
     watchdog_patience: int = DEFAULT_WATCHDOG_PATIENCE
-    fault_schedule: Any = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> CanaryConfig:
@@ -82,11 +81,6 @@ class CanaryConfig:
         env = os.environ if environ is None else environ
         enable = _env_choice(env, "KVCANARY_ENABLE", ("0", "1", "true", "false", "on", "off"), "0")
         rkv = _env_choice(env, "KVCANARY_REAL_KV_MODE", tuple(_REAL_KV_MODES), None)
-        schedule = None
-        if any(k.startswith(ENV_PREFIX + "FAULT_") for k in env):
-            from kvcanary.testing.faults import FaultSchedule  # a testing aid, loaded on demand
-
-            schedule = FaultSchedule.from_env(env)
         return cls(
             enabled=enable in ("1", "true", "on"),
             mode=_env_choice(env, "KVCANARY_MODE", ("log", "raise", "quiet"), "log") or "log",
@@ -95,7 +89,6 @@ class CanaryConfig:
             ring_capacity=_env_int(env, "KVCANARY_RING_CAPACITY", DEFAULT_RING_CAPACITY, minimum=1),
             stats_interval=_env_int(env, "KVCANARY_STATS_INTERVAL", 0, minimum=0),
             watchdog_patience=_env_int(env, "KVCANARY_WATCHDOG_PATIENCE", DEFAULT_WATCHDOG_PATIENCE, minimum=0),
-            fault_schedule=schedule,
         )
 
     def canary_kwargs(self) -> dict[str, Any]:

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from kvcanary.testing.engine import ServingSimulation, SimConfig
-from kvcanary.testing.faults import FaultSchedule
 from kvcanary.testing.scenarios import FAULT_NAMES, FaultResult, run_fault_scenario
+from kvcanary.testing.schedule import FaultSchedule
 
 
 def pick_device(requested: str | None = None) -> tuple[str, str]:

@@ -530,19 +530,13 @@ def _recycle_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generat
 #: Fault names in the order the demo runs them.
 FAULT_NAMES = tuple(FAULTS)
 
-# The schedule lives in its own module; `kvcanary.faults.FaultSchedule` is where engines look for it.
-from kvcanary.testing.schedule import FaultNotDetectedError, FaultSchedule, ScheduledFault  # noqa: E402
-
 __all__ = [
     "FAULTS",
     "FAULT_NAMES",
     "INJECTORS",
     "ExpectedViolation",
     "FaultKind",
-    "FaultNotDetectedError",
-    "FaultSchedule",
     "Injection",
-    "ScheduledFault",
     "fault_kind",
     "flip_idle_slot_byte",
     "flip_real_kv_byte",

@@ -1,6 +1,6 @@
 """Fault schedules: random faults in a running engine, each of which must be reported in time.
 
-Imported by :mod:`kvcanary.testing.faults` (``kvcanary.faults.FaultSchedule``); see :class:`FaultSchedule`.
+Public as ``kvcanary.faults.FaultSchedule`` (:mod:`kvcanary.faults`); see :class:`FaultSchedule`.
 """
 
 from __future__ import annotations

@@ -37,6 +37,22 @@ def test_every_injector_has_a_registered_scenario():
         assert faults.fault_kind(name) is kind
 
 
+def test_kvcanary_faults_is_a_module_with_the_injectors_and_the_schedule():
+    import importlib
+
+    from kvcanary.testing import faults as injectors
+    from kvcanary.testing import schedule
+
+    mod = importlib.import_module("kvcanary.faults")
+    assert mod is faults is kc.faults
+    expected = set(injectors.__all__) | {"FaultSchedule", "FaultNotDetectedError", "ScheduledFault"}
+    assert set(mod.__all__) == expected
+    for name in injectors.__all__:
+        assert getattr(mod, name) is getattr(injectors, name)
+    assert mod.FaultSchedule is schedule.FaultSchedule is kc.FaultSchedule
+    assert mod.FaultNotDetectedError is schedule.FaultNotDetectedError is kc.FaultNotDetectedError
+
+
 def test_unknown_fault_is_a_clear_error():
     with pytest.raises(ValueError, match=r"kv-canary: unknown fault 'remap'; choose from \('remap_req_to_token', "):
         faults.fault_kind("remap")

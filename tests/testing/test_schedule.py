@@ -12,7 +12,7 @@ import kvcanary as kc
 from kvcanary import CanaryLaunchTag as T
 from kvcanary import faults
 from kvcanary.testing.engine import ServingSimulation, SimConfig
-from kvcanary.testing.faults import FaultNotDetectedError, FaultSchedule
+from kvcanary.testing.schedule import FaultNotDetectedError, FaultSchedule
 
 ALL = dict.fromkeys(faults.FAULT_NAMES, 0.02)
 
