@@ -26,8 +26,8 @@ from transformers.generation.continuous_batching import offloading_manager as cb
 from transformers.generation.continuous_batching.cache_allocators import cache_allocator as cb_alloc
 from transformers.generation.continuous_batching.cache_allocators import full_attention as cb_full
 
-from kvcanary import CanaryLaunchTag as T
-from kvcanary import FailReason as R
+from kvcanary.consts import CanaryLaunchTag as T
+from kvcanary.consts import FailReason as R
 from kvcanary.integrations.transformers import attach
 
 PS = 4                     # page size of every run: small pages make many blocks, shares and copies
