@@ -52,22 +52,23 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 PY="${PY:-python3}"
 RUN_PARTS="${RUN_PARTS:-tests memcheck racecheck bench host hf ncu timeline}"
-T_NCU="${T_NCU:-60}"
+# Each part's timeout in seconds (the header's order).
+T_TESTS="${T_TESTS:-300}"
+T_MEMCHECK="${T_MEMCHECK:-200}"
+T_RACECHECK="${T_RACECHECK:-150}"
+T_BENCH="${T_BENCH:-150}"
 T_HOST="${T_HOST:-60}"
+T_HF="${T_HF:-180}"  # about 100-110 s on the H200 hosts seen; over 130 s on a slower one (docs/GPU_SUITE.md)
+T_NCU="${T_NCU:-60}"
 T_TIMELINE="${T_TIMELINE:-90}"
 T_TUNE="${T_TUNE:-240}"
 # What the tests part runs: the GPU tests and the CuPy-side compile check by default (the CPU suite is CI's);
 # TEST_PATHS=tests runs everything.
 TEST_PATHS="${TEST_PATHS:-tests/gpu tests/ops/test_nvrtc_compile.py}"
-T_HF="${T_HF:-180}"  # about 100-110 s on the H200 hosts seen; over 130 s on a slower one (docs/GPU_SUITE.md)
 if ls .whl/transformers-*.whl >/dev/null 2>&1; then
     "$PY" -m pip install -q --no-deps --no-index --no-compile --target /tmp/site .whl/transformers-*.whl \
         && export PYTHONPATH="/tmp/site:$PYTHONPATH"
 fi
-T_TESTS="${T_TESTS:-300}"
-T_MEMCHECK="${T_MEMCHECK:-200}"
-T_RACECHECK="${T_RACECHECK:-150}"
-T_BENCH="${T_BENCH:-150}"
 SANITIZER_SMALL="${SANITIZER_SMALL:-1}"
 
 SANITIZER="$(command -v compute-sanitizer || true)"
