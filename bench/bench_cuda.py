@@ -16,7 +16,9 @@ Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` ne
 
 Ops (``--ops``; verify ops only where there is a prefix): ``plan``, ``verify``, ``write``, ``scatter`` (the
 SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / ``write_table`` (the plan-free ops,
-one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch) and ``gather_floor``
+one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch), ``verify_table_32`` /
+``verify_table_kv_32`` (the same on the verify's 32-bit modules, ``kvcanary.ops.cuda.verify_table.FLAT32``) and
+``gather_floor``
 (not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
 plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
 GPU, measured in the same run); ``gather_floor_kv`` (the same of a K and a V buffer: the table once, both
@@ -65,6 +67,7 @@ The markdown table is printed last and, when ``$OUT`` is set (or ``--out`` is gi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import os
@@ -87,6 +90,7 @@ from kvcanary import (
     allocate_canary_buffer,
     allocate_chain_position_flag,
 )
+from kvcanary.ops.cuda import verify_table as cuda_verify_table
 
 SHAPES = {
     "A": dict(bs=256, prefix=4096, extend=1, what="decode"),
@@ -97,15 +101,28 @@ SHAPES = {
 # Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
 # plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
 BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68,
-                  "gather_floor": 36, "gather_floor_kv": 68, "check_floor": 36, "random_reads": 32}
-PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "gather_floor": 32, "gather_floor_kv": 64,
-                          "random_reads": 32}
-ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-           "gather_floor_kv", "check_floor", "random_reads", "write_floor")
-DEFAULT_OPS = ("plan", "verify", "write", "verify_table", "verify_table_kv", "write_table", "gather_floor",
-               "gather_floor_kv", "check_floor", "random_reads", "write_floor")
-VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "gather_floor", "gather_floor_kv", "check_floor",
-              "random_reads")
+                  "verify_table_32": 36, "verify_table_kv_32": 68, "gather_floor": 36, "gather_floor_kv": 68,
+                  "check_floor": 36, "random_reads": 32}
+PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "verify_table_32": 32, "verify_table_kv_32": 64,
+                          "gather_floor": 32, "gather_floor_kv": 64, "random_reads": 32}
+ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "verify_table_32",
+           "verify_table_kv_32", "write_table", "gather_floor", "gather_floor_kv", "check_floor", "random_reads",
+           "write_floor")
+DEFAULT_OPS = tuple(op for op in ALL_OPS if op != "scatter")
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "verify_table_32", "verify_table_kv_32",
+              "gather_floor", "gather_floor_kv", "check_floor", "random_reads")
+
+
+@contextlib.contextmanager
+def flat32_modules(on: bool = True):
+    """Within the block the verify from the table takes its 32-bit modules where they apply (``verify_table_32``,
+    ``verify_table_kv_32``: timed beside the shipped choice in one run until the switch's default is settled)."""
+    was = cuda_verify_table.FLAT32
+    cuda_verify_table.FLAT32 = on
+    try:
+        yield
+    finally:
+        cuda_verify_table.FLAT32 = was
 
 # The floor of the plan-free verify's memory traffic on this GPU (not kvcanary ops). gather_floor reads the same
 # table entries and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row)
@@ -574,6 +591,14 @@ class Case:
     def verify_table_kv(self):
         self.verify_table(contexts=(self.ctx, self.ctx_v))
 
+    def verify_table_32(self):
+        with flat32_modules(True):
+            self.verify_table()
+
+    def verify_table_kv_32(self):
+        with flat32_modules(True):
+            self.verify_table_kv()
+
     def write_table(self):
         kvcanary.launch_canary_write_from_table(
             contexts=(self.ctx,), req_pool_indices=self.rpi, prefix_lens=self.step_prefix,
@@ -647,26 +672,30 @@ class Case:
                              f"violations={n} row={row} (want slot {succ}, chain bit)"))
         del full_v, full_w
 
-        # The plan-free ops: verify from the table is clean on every position, catches the same flipped token,
-        # and the plan-free write stamps exactly what the two-pass write stamped (it is idempotent here).
-        if L >= 1:
-            self.reset_log()
-            full = torch.full_like(self.step_prefix, L)
-            self.verify_table(prefix_lens=full)
-            torch.cuda.synchronize()
-            out.append(Check("verify_table all positions", self.violations() == 0,
-                             f"violations={self.violations()}"))
-        if L >= 2:
-            victim = int(self.slots[bs // 2, L // 2 - 1].item())
-            self.canary[victim, 0] ^= 1
-            self.verify_table(prefix_lens=torch.full_like(self.step_prefix, L))
-            torch.cuda.synchronize()
-            n = self.violations()
-            row = self.log.violation_ring[0].tolist()
-            succ = int(self.slots[bs // 2, L // 2].item())
-            self.canary[victim, 0] ^= 1
-            out.append(Check("verify_table flipped token caught", n == 1 and row[1] == succ and row[7] & 1 == 1,
-                             f"violations={n} row={row} (want slot {succ}, chain bit)"))
+        # The plan-free ops: verify from the table (its 64-bit and its 32-bit modules) is clean on every position,
+        # catches the same flipped token, and the plan-free write stamps exactly what the two-pass write stamped (it
+        # is idempotent here).
+        for flat32 in (False, True):
+            name = "verify_table_32" if flat32 else "verify_table"
+            with flat32_modules(flat32):
+                if L >= 1:
+                    self.reset_log()
+                    self.verify_table(prefix_lens=torch.full_like(self.step_prefix, L))
+                    torch.cuda.synchronize()
+                    out.append(Check(f"{name} all positions", self.violations() == 0,
+                                     f"violations={self.violations()}"))
+                if L >= 2:
+                    self.reset_log()
+                    victim = int(self.slots[bs // 2, L // 2 - 1].item())
+                    self.canary[victim, 0] ^= 1
+                    self.verify_table(prefix_lens=torch.full_like(self.step_prefix, L))
+                    torch.cuda.synchronize()
+                    n = self.violations()
+                    row = self.log.violation_ring[0].tolist()
+                    succ = int(self.slots[bs // 2, L // 2].item())
+                    self.canary[victim, 0] ^= 1
+                    out.append(Check(f"{name} flipped token caught", n == 1 and row[1] == succ and row[7] & 1 == 1,
+                                     f"violations={n} row={row} (want slot {succ}, chain bit)"))
         self.reset_log()
         before = self.canary.clone()
         self.write_table()
@@ -816,6 +845,8 @@ def main(argv=None) -> int:
             "verify": (case.verify, case.bs * case.prefix),
             "verify_table": (case.verify_table, case.bs * case.prefix),
             "verify_table_kv": (case.verify_table_kv, case.bs * case.prefix),
+            "verify_table_32": (case.verify_table_32, case.bs * case.prefix),
+            "verify_table_kv_32": (case.verify_table_kv_32, case.bs * case.prefix),
             "write": (case.write, case.bs * case.extend),
             "write_table": (case.write_table, case.bs * case.extend),
             # (the floors pick their fastest geometry first, so they are built only when wanted)

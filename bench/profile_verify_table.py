@@ -12,7 +12,8 @@ Usage (on a CUDA machine, from the repository root)::
 
 Builds the case of ``bench/bench_cuda.py`` (``--shape``, real-KV NONE, shuffled slots; its prefix stamped first,
 with two launches of the plan-based write) and launches ``--op`` three times (one buffer): ``verify_table``
-(default), ``write_table`` or ``write`` (the plan-based decode write, after one plan).
+(default), ``verify_table_32`` (the same on the verify's 32-bit modules), ``write_table`` or ``write`` (the
+plan-based decode write, after one plan).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from kvcanary import RealKvHashMode
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="B")
-    ap.add_argument("--op", default="verify_table", choices=("verify_table", "write_table", "write"))
+    ap.add_argument("--op", default="verify_table", choices=("verify_table", "verify_table_32", "write_table", "write"))
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     case = Case(args.shape, RealKvHashMode.NONE, "shuffled", dev, seed=0)

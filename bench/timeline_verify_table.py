@@ -61,7 +61,7 @@ _PATCHES = (
      f" {_B.format(3)} = {_B.format(4)} = {_B.format(5)} = 0; }}"),
     ("        // Rows past bs have no entries", "before",
      f"        if (tid == 0 && {_B.format(3)} == 0 && len != -1) {_B.format(3)} = clock64();\n"),
-    ("        s_off[tid] = off;", "after",
+    ("        s_off[tid] = (kvc_vt_idx)off;", "after",
      f"\n        if (tid == 0 && {_B.format(4)} == 0 && tile_total != -1) {_B.format(4)} = clock64();"),
     ("__syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])", "after",
      f"\n        if (tid == 0 && {_B.format(5)} == 0) {_B.format(5)} = clock64();"),
@@ -179,7 +179,8 @@ def timeline(case, timer, replays: int) -> str:
     case.stamp_prefix()
     case.verify_table()  # compiles and loads the module
     torch.cuda.synchronize()
-    spec = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1)
+    spec = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1,
+                          flat32=False)
     mod = loader._modules[(dev.index or 0, spec.key)]
     us = timer.graph(case.verify_table, runs=replays, reps=20)
     blocks = _read(cp, mod, "kvc_tl_block", MAX_BLOCKS, 8)[:grid.blocks]

@@ -14,6 +14,7 @@ blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts sum
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
 ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
 defines, and the launchers read the grid from the same copy, so a variant is what the library would run.
+``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
 launches per replay, as ``bench_cuda.py``; the L2 not flushed); registers and local (spill) bytes per thread.
@@ -47,7 +48,8 @@ KERNELS = {
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV")],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
-                     lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1)),
+                     lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
+                                     flat32=B.cuda_verify_table.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
                      ("KVC_WT_SPREAD",)],
@@ -94,7 +96,10 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default=None, help="default: shuffled,contiguous (verify_table); shuffled")
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--flat32", action="store_true",
+                    help="verify_table: time its 32-bit modules (kvcanary.ops.cuda.verify_table.FLAT32)")
     args = ap.parse_args(argv)
+    B.cuda_verify_table.FLAT32 = args.flat32
     if not torch.cuda.is_available():
         print("tune_geometry: no CUDA device", file=sys.stderr)
         return 2

@@ -382,9 +382,9 @@ __device__ __forceinline__ kvc_i64 kvc_block_exclusive_sum(kvc_i64 v, kvc_i64* s
 // The row r (< n) owning entry e, i.e. offsets[r] <= e < offsets[r + 1], for 0 <= e < offsets[n] (rows with
 // no entries never own one). Searches forward from `from` (a row at or before the answer): gallop, then
 // bisect. `offsets` may be in global or shared memory. I: the row index type (int for a shared tile of rows,
-// which saves registers; kvc_i64 for a whole batch).
-template <typename I>
-__device__ __forceinline__ I kvc_find_row(const kvc_i64* offsets, I n, kvc_i64 e, I from) {
+// which saves registers; kvc_i64 for a whole batch); O: the offsets' type (int where they are known to fit).
+template <typename I, typename O>
+__device__ __forceinline__ I kvc_find_row(const O* offsets, I n, O e, I from) {
     if (offsets[from + 1] > e) return from;
     // Invariant: offsets[lo + 1] <= e; find the first r > lo with offsets[r + 1] > e (r < n).
     I lo = from, step = 1, hi;

@@ -5,9 +5,10 @@
 // tokens: check_verify_expected_token and a pool given), KVC_HAS_REAL_KV (some context folds real KV, from its
 // device descriptor table of any number of sources), KVC_CONTEXTS (1, 2 or 4: the most contexts a launch passes;
 // the context loop is unrolled that far, as in write_table.cu, so each context's parameters are read from fixed
-// constant-bank offsets, not through a register index; fewer registers with fewer contexts). One parameter:
-// KvcVerifyTableParams, with 1 to KVC_CONTEXTS contexts that share the table (K and V of a group: the table is
-// walked once for all).
+// constant-bank offsets, not through a register index; fewer registers with fewer contexts), KVC_FLAT32 (32-bit
+// tile indices and, without a LUT, slots: see KVC_VT_FLAT32_MAX_SEQ_LEN below; off by default until timed). One
+// parameter: KvcVerifyTableParams, with 1 to KVC_CONTEXTS contexts that share the table (K and V of a group: the
+// table is walked once for all).
 //
 // Work distribution (no plan, no scratch, a grid fixed by the SM count). The entries of the batch are numbered
 // request by request, position by position, as §5 lays them out. Every block first learns the batch total E (the
@@ -69,6 +70,9 @@
 #ifndef KVC_CONTEXTS
 #error "KVC_CONTEXTS must be defined (1, 2 or 4)"
 #endif
+#ifndef KVC_FLAT32
+#error "KVC_FLAT32 must be defined (0 or 1)"
+#endif
 static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts per launch");
 
 // Launch geometry (kvcanary/ops/cuda/grids.py reads these defines): the grid is this many blocks per SM, and
@@ -81,6 +85,17 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 #define KVC_VT_UNROLL 2
 #define KVC_VT_BLOCKS_PER_SM_REAL_KV 4
 #define KVC_VT_UNROLL_REAL_KV 1
+
+// The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
+// paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
+// strides, records 16-byte aligned (buffer and stride), and a grid of fewer than 2**24 threads. Then a tile's
+// entries (at most kVtTile rows of max_seq_len), its tile-local indices, offsets and positions fit an int with
+// 2**24 to spare for a step's overshoot ((2**31 - 2**24) / 256), a row's table origin is kept as the address of its
+// cell for tile-local entry 0 (an entry's cell is one 32 x 64-bit multiply-add), a record is two 16-byte loads
+// (no run-time choice between load forms), and without a LUT slots stay the table's ints (one shuffle, 32-bit
+// compares and record offsets). Fewer instructions per step where the step is bound by instruction issue (A NONE).
+#define KVC_VT_FLAT32_MAX_SEQ_LEN 8323072
+#define KVC_VT_FLAT32_MAX_SLOTS 2147483647
 
 namespace kvc {
 constexpr int kVtMinBlocks = KVC_HAS_REAL_KV ? KVC_VT_BLOCKS_PER_SM_REAL_KV : KVC_VT_BLOCKS_PER_SM;
@@ -105,13 +120,48 @@ constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 // per-position table are loaded in the row loop and converted after it (their loads overlap: A 8 %, B contiguous
 // 8 % faster in a graph, docs/BENCHMARKS.md, 2026-12-04).
 constexpr bool kVtEarlyLoads = KVC_HAS_REAL_KV != 0;
+static_assert(kVtTile * (kvc_i64)KVC_VT_FLAT32_MAX_SEQ_LEN + (1LL << 24) <= (1LL << 31), "flat32 tile bound");
 }  // namespace kvc
+
+// Tile-local entry indices, offsets and positions; record strides; slots (see KVC_VT_FLAT32_MAX_SEQ_LEN).
+#if KVC_FLAT32
+typedef int kvc_vt_idx;
+typedef int kvc_vt_stride;
+#else
+typedef kvc_i64 kvc_vt_idx;
+typedef kvc_i64 kvc_vt_stride;
+#endif
+#if KVC_FLAT32 && !KVC_HAS_LUT
+typedef int kvc_vt_slot;
+typedef unsigned kvc_vt_uslot;
+#else
+typedef kvc_i64 kvc_vt_slot;
+typedef kvc_u64 kvc_vt_uslot;
+#endif
+
+// Whether the table is a block table (never in the flat32 modules, so their code for it compiles away).
+__device__ __forceinline__ bool kvc_vt_paged(const KvcTableParams& t) { return !KVC_FLAT32 && t.paged; }
+
+// A per-position table's int at tile-local entry idx of a row whose origin is cell0 (s_cell0): the 64-bit modules
+// keep the origin as a table index, the flat32 ones as the address of the row's cell for tile-local entry 0.
+__device__ __forceinline__ const int* kvc_vt_cell_ptr(const KvcTableParams& t, kvc_i64 cell0, kvc_vt_idx idx) {
+#if KVC_FLAT32
+    return reinterpret_cast<const int*>(cell0) + idx;
+#else
+    return t.table + (cell0 + idx);
+#endif
+}
+
+// T(x) of a table value, as a step keeps its slots.
+__device__ __forceinline__ kvc_vt_slot kvc_vt_slot_of(const KvcTableParams& t, kvc_i64 x) {
+    return (kvc_vt_slot)kvc_lut_translate<KVC_HAS_LUT>(t, x);
+}
 
 // The shared (context-independent) part of a step's entries.
 struct KvcVtEntries {
-    kvc_i64 slot[kvc::kVtUnroll];
-    kvc_i64 prev[kvc::kVtUnroll];
-    kvc_i64 pos[kvc::kVtUnroll];
+    kvc_vt_slot slot[kvc::kVtUnroll];
+    kvc_vt_slot prev[kvc::kVtUnroll];
+    kvc_vt_idx pos[kvc::kVtUnroll];
     kvc_i64 exp_tok[kvc::kVtUnroll];  // -1: unchecked
     bool act[kvc::kVtUnroll];         // a real entry (else a padding lane: slot 0, skipped)
     bool nb[kvc::kVtUnroll];          // the predecessor is lane - 1's entry
@@ -123,8 +173,9 @@ struct KvcVtEntries {
 __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const KvcVtEntries& en,
                                                volatile kvc_i64* hash_carry_smem) {
     const unsigned char* canary = x.canary;
-    const kvc_i64 stride = x.slot_stride, num_slots = x.num_slots, limit = x.slot_limit;
-    const bool vec16 = kvc_records_vec16(canary, stride);
+    const kvc_vt_stride stride = (kvc_vt_stride)x.slot_stride;
+    const kvc_vt_slot num_slots = (kvc_vt_slot)x.num_slots, limit = (kvc_vt_slot)x.slot_limit;
+    const bool vec16 = KVC_FLAT32 || kvc_records_vec16(canary, stride);  // the flat32 launcher checked it
 #if KVC_HAS_REAL_KV
     const kvc_i64 nsrc = x.num_sources;
 #endif
@@ -140,8 +191,8 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     // with kVtEarlyLoads, the record of a predecessor in [1, num_slots) that is not lane - 1's.
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
-        const kvc_i64 s = en.slot[u];
-        own[u] = (kvc_u64)s - 1 < (kvc_u64)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
+        const kvc_vt_slot s = en.slot[u];
+        own[u] = (kvc_vt_uslot)s - 1 < (kvc_vt_uslot)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
         if (own[u]) kvc_load_record_ro(canary, s, stride, vec16, tok[u], spos[u], hash[u], rkv[u]);
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
@@ -161,7 +212,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     if (kvc::kVtCarry && lane == 0 && en.nb[0]) hash_carry = *hash_carry_smem;
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
-        const kvc_i64 s = en.slot[u], prev = en.prev[u];
+        const kvc_vt_slot s = en.slot[u], prev = en.prev[u];
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
         const kvc_i64 rotated = __shfl_sync(kvc::kFullMask, h, (lane + kvc::kWarpSize - 1) & 31);
@@ -169,7 +220,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         hash_carry = rotated;
         const bool live = s != kvc::TOKEN_TO_KV_SLOT_PADDING;  // padding lanes (!en.act) hold slot 0
         // kvc_verify_out_of_range, with slot outside [0, slot_limit) as one unsigned compare.
-        const bool oor = live & (((kvc_u64)s >= (kvc_u64)limit) | (prev >= num_slots));
+        const bool oor = live & (((kvc_vt_uslot)s >= (kvc_vt_uslot)limit) | (prev >= num_slots));
         const bool checked = live & !oor;
         // A predecessor in [1, num_slots) that is not lane - 1's entry: its slot_hash from its record.
         if (checked && !en.nb[u] && prev > 0) {
@@ -237,7 +288,8 @@ __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* r
 // kvc_find_row, found by the whole warp (every lane calls it with the same e) in two votes: lane l first tests the
 // end of the l-th group of kVtTile / 32 rows, then lane l < kVtTile / 32 tests row l of the first group that ends
 // past e. Rows without entries never own one (their end equals their start).
-__device__ __forceinline__ int kvc_vt_warp_find_row(const kvc_i64* offsets, kvc_i64 e) {
+template <typename O>
+__device__ __forceinline__ int kvc_vt_warp_find_row(const O* offsets, O e) {
     constexpr int group = kvc::kVtTile / kvc::kWarpSize;
     static_assert(group * kvc::kWarpSize == kvc::kVtTile && group <= kvc::kWarpSize, "rows per vote group");
     const int lane = (int)(threadIdx.x & 31);
@@ -257,8 +309,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     // an entry needs no 64-bit multiply; and, when tokens are checked, req_pool_indices and the expected-token
     // valid lengths.
     __shared__ kvc_i64 s_rows[3 + 2 * KVC_CHECK_TOKEN][kvc::kVtTile + 1];
-    kvc_i64* const s_off = s_rows[0];
-    kvc_i64* const s_pos0 = s_rows[1];
+    // In the flat32 modules s_off and s_pos0 are ints (the first half of their rows) and s_cell0 holds an address.
+    kvc_vt_idx* const s_off = reinterpret_cast<kvc_vt_idx*>(s_rows[0]);
+    kvc_vt_idx* const s_pos0 = reinterpret_cast<kvc_vt_idx*>(s_rows[1]);
     kvc_i64* const s_cell0 = s_rows[2];
 #if KVC_CHECK_TOKEN
     kvc_i64* const s_rp = s_rows[3];
@@ -315,14 +368,16 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         // Rows past bs have no entries, so their offsets equal the tile total and no search selects them.
         kvc_i64 tile_total;
         const kvc_i64 off = kvc_block_exclusive_sum(len, scratch, tile_total);
-        s_off[tid] = off;
+        s_off[tid] = (kvc_vt_idx)off;
         if (r < b.bs) {
             const int i = (int)(r - s_walk[5]);  // == tid, as above
-            s_pos0[i] = ws - off;
-            s_cell0[i] = row_cell + (t.paged ? 0 : ws - off);
+            s_pos0[i] = (kvc_vt_idx)(ws - off);
+            const kvc_i64 cell0 = row_cell + (kvc_vt_paged(t) ? 0 : ws - off);
+            // flat32: the address (unsigned arithmetic: an unused row's may point anywhere).
+            s_cell0[i] = KVC_FLAT32 ? (kvc_i64)((kvc_u64)t.table + (kvc_u64)cell0 * sizeof(int)) : cell0;
         }
         if (tid == 0) {
-            s_off[kvc::kVtTile] = tile_total;
+            s_off[kvc::kVtTile] = (kvc_vt_idx)tile_total;
             if (one_tile) kvc_vt_ranges(tile_total, s_walk);
         }
         __syncthreads();
@@ -343,6 +398,12 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 wr[0] = (g + k * warps) * kvc::kVtWarpStep - carry;
                 wr[1] = tile_total;
             }
+            // The flat32 step loop reads them as ints: a warp whose entries lie wholly before or after this tile
+            // (batch-wide offsets can pass 2**31) gets an empty range inside [-step, tile_total], which fits.
+            if (KVC_FLAT32) {
+                wr[0] = kvc_min64(wr[0], tile_total);
+                wr[1] = kvc_max64(wr[1], 0);
+            }
         }
         __syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])
         if (tid == 0) {
@@ -356,19 +417,19 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
         int hint = 0;
         if (kvc::kVtCarry) {
             const kvc_i64 e0 = kvc_max64(wr[0], 0);  // warp-uniform (>= 0 already: a clamp the compiler cannot see)
-            if (e0 < wr[1]) hint = kvc_vt_warp_find_row(s_off, e0);
+            if (e0 < wr[1]) hint = kvc_vt_warp_find_row<kvc_vt_idx>(s_off, (kvc_vt_idx)e0);
         }
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
         // is lane 31's of u - 1 or, with per-warp ranges, of the warp's previous step (kept in s_warp), so only
         // the warp's first entry in the tile (with grid-strided steps: in the step) and the rows' first entries
         // look their predecessor up.
-        const kvc_i64 advance =
-            kvc::kVtCarry ? kvc::kVtWarpStep : (kvc_i64)gridDim.x * kvc::kVtWarps * kvc::kVtWarpStep;
-        for (kvc_i64 base = wr[0];; base += advance) {  // warp-uniform
+        const kvc_vt_idx advance =
+            kvc::kVtCarry ? kvc::kVtWarpStep : (kvc_vt_idx)gridDim.x * kvc::kVtWarps * kvc::kVtWarpStep;
+        for (kvc_vt_idx base = (kvc_vt_idx)wr[0];; base += advance) {  // warp-uniform
             // The warp's row of s_warp, addressed from threadIdx afresh (cheaper than a register kept through the
             // step, which some specializations spilled).
             volatile kvc_i64* const ws = s_warp[threadIdx.x >> 5];
-            const kvc_i64 lo = ws[0], hi = ws[1];
+            const kvc_vt_idx lo = (kvc_vt_idx)ws[0], hi = (kvc_vt_idx)ws[1];
             if (base >= hi) break;
             KvcVtEntries en;
             // With kVtEarlyLoads: first every entry's row and table cells (its own and, when it looks its
@@ -382,7 +443,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             int raw[kvc::kVtUnroll];
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                const kvc_i64 el = base + (kvc_i64)(u * kvc::kWarpSize + lane);
+                const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
                 en.act[u] = (kvc::kVtCarry || el >= 0) && el < hi;
                 en.nb[u] = false;
                 en.slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;
@@ -396,26 +457,31 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 if (en.act[u]) {
                     const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
                     hint = row;
-                    const kvc_i64 first = s_off[row], cell0 = s_cell0[row];
-                    const kvc_i64 pos = el + s_pos0[row];
+                    const kvc_vt_idx first = s_off[row], pos = el + s_pos0[row];
+                    const kvc_i64 cell0 = s_cell0[row];
                     en.pos[u] = pos;
                     if (!kvc::kVtEarlyLoads) {
-                        if (t.paged) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt_at(t, cell0, el, pos));
-                        else raw[u] = kvc_table_raw_flat(t, cell0, el);
+                        if (kvc_vt_paged(t)) en.slot[u] = kvc_vt_slot_of(t, kvc_table_rt_at(t, cell0, el, pos));
+                        else raw[u] = __ldg(kvc_vt_cell_ptr(t, cell0, el));
                     }
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (kvc::kVtEarlyLoads) {
-                        cell[u] = kvc_table_cell_at(t, cell0, el, pos);
+                        if (kvc_vt_paged(t)) {
+                            cell[u] = kvc_table_cell_at(t, cell0, el, pos);
+                        } else {
+                            cell[u].at = kvc_vt_cell_ptr(t, cell0, el);
+                            cell[u].rem = 0;
+                        }
                         look[u] = !en.nb[u] && pos > 0;
                         if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
                         if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
                     } else if (!en.nb[u]) {
-                        en.prev[u] = pos > 0
-                            ? kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_rt_at(t, cell0, el - 1, pos - 1))
-                            : kvc::NO_SLOT;
+                        en.prev[u] = pos <= 0 ? (kvc_vt_slot)kvc::NO_SLOT
+                            : kvc_vt_slot_of(t, kvc_vt_paged(t) ? kvc_table_rt_at(t, cell0, el - 1, pos - 1)
+                                                                : (kvc_i64)__ldg(kvc_vt_cell_ptr(t, cell0, el - 1)));
                     }
 #if KVC_CHECK_TOKEN
                     const kvc_i64 q = pos + b.token_offset;
@@ -424,10 +490,10 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                 }
             }
-            if (!kvc::kVtEarlyLoads && !t.paged) {
+            if (!kvc::kVtEarlyLoads && !kvc_vt_paged(t)) {
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u)
-                    if (en.act[u]) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, (kvc_i64)raw[u]);
+                    if (en.act[u]) en.slot[u] = kvc_vt_slot_of(t, (kvc_i64)raw[u]);
             }
             if (kvc::kVtEarlyLoads) {
                 int raw_prev[kvc::kVtUnroll];
@@ -438,16 +504,15 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 }
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                    if (en.act[u]) en.slot[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_value(t, cell[u], raw[u]));
-                    if (look[u])
-                        en.prev[u] = kvc_lut_translate<KVC_HAS_LUT>(t, kvc_table_value(t, prev_cell[u], raw_prev[u]));
+                    if (en.act[u]) en.slot[u] = kvc_vt_slot_of(t, kvc_table_value(t, cell[u], raw[u]));
+                    if (look[u]) en.prev[u] = kvc_vt_slot_of(t, kvc_table_value(t, prev_cell[u], raw_prev[u]));
                 }
             }
             // Lane 0 starts from the previous step's last slot (in s_warp when en.nb[0]), then takes lane 31's.
-            kvc_i64 slot_carry = (kvc::kVtCarry && lane == 0 && en.nb[0]) ? ws[2] : 0;
+            kvc_vt_slot slot_carry = (kvc::kVtCarry && lane == 0 && en.nb[0]) ? (kvc_vt_slot)ws[2] : 0;
 #pragma unroll
             for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                const kvc_i64 s = __shfl_sync(kvc::kFullMask, en.slot[u], (lane + kvc::kWarpSize - 1) & 31);
+                const kvc_vt_slot s = __shfl_sync(kvc::kFullMask, en.slot[u], (lane + kvc::kWarpSize - 1) & 31);
                 if (en.nb[u]) en.prev[u] = lane > 0 ? s : slot_carry;
                 slot_carry = s;
             }

@@ -20,8 +20,9 @@
 #                 (writes $OUT/bench_host.md)
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
-# 7. ncu        - Nsight Compute counters of the plan-free verify (B; A with the L2 warm) and of the decode writes
-#                 (A; the plan-free one at B too), instructions executed included (bench/profile_verify_table.py)
+# 7. ncu        - Nsight Compute counters of the plan-free verify (B; A with the L2 warm, on the 64-bit and on the
+#                 32-bit modules) and of the decode writes (A; the plan-free one at B too), instructions executed
+#                 included (bench/profile_verify_table.py)
 # 8. timeline   - bench/timeline_verify_table.py: when each block and warp of the plan-free verify at A starts and
 #                 ends, per generation of an SM's blocks (writes $OUT/timeline.md; T_TIMELINE)
 # 9. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
@@ -276,6 +277,10 @@ if has_part ncu; then
         "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
             --launch-count 1 --section SpeedOfLight --section WarpStateStats "${INST[@]}" \
             "$PY" bench/profile_verify_table.py --shape A >> "$OUT/ncu.log" 2>&1 || rc=1
+        # The same on the verify's 32-bit modules (kvcanary.ops.cuda.verify_table.FLAT32): instructions per entry.
+        "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
+            --launch-count 1 --section SpeedOfLight --section WarpStateStats "${INST[@]}" \
+            "$PY" bench/profile_verify_table.py --shape A --op verify_table_32 >> "$OUT/ncu.log" 2>&1 || rc=1
         # The decode writes at A: the plan-free write against the plan-based one.
         "$NCU" --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy "${INST[@]}" \

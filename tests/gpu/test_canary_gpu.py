@@ -131,7 +131,7 @@ def _sorted_rows(ring: torch.Tensor, n: int) -> list[list[int]]:
 # The captured step includes the toy engine's own torch ops, which allocate from torch's graph pool: this
 # test needs torch's caching allocator (run_all.sh's memcheck pass turns it off for every other test).
 @pytest.mark.torch_graph_pool
-def test_captured_head_tail_step_replays_like_eager():
+def test_captured_head_tail_step_replays_like_eager(vt_flat32):
     eager, graphed = GraphEngine(), GraphEngine()
     states = [_setup(e, 123) for e in (eager, graphed)]
 
@@ -147,6 +147,9 @@ def test_captured_head_tail_step_replays_like_eager():
         graphed.forward(graphed.static)
         graphed.canary.step("tail", **graphed.static)
     assert graphed.canary.chain_position_assert
+    # The step's verify launches took the modules the switch asks for (the table is a req_to_token).
+    for canary in (eager.canary, graphed.canary):
+        assert {st._flat32 for _, st in canary._table_steps["head"][1]} == {vt_flat32}
 
     rng = np.random.default_rng(7)
     tokens = {row: list(states[0][1][row]) for row in ROWS}
@@ -228,7 +231,7 @@ def test_reporting_stays_one_step_late_on_cuda():
     assert k_full and k_full[0].reasons & (F.VERIFY_CHAIN_HASH_MISMATCH | F.VERIFY_POSITION_MISMATCH)
 
 
-def test_fast_path_equals_the_checked_ops_on_cuda():
+def test_fast_path_equals_the_checked_ops_on_cuda(vt_flat32):
     from support.checked_path import fast_and_checked
 
     a, b = fast_and_checked(SimConfig(seed=12), device=DEV, steps=30)

@@ -17,7 +17,7 @@ import torch
 
 import kvcanary as kc
 from kvcanary import RealKvHashMode as Mode
-from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for, size
+from support.gpu_util import SMALL, assert_same_bytes, compare_logs, random_bytes, rng_for, size
 from support.table_cases import (
     CanaryCase,
     TableBatch,
@@ -26,6 +26,7 @@ from support.table_cases import (
     make_canary_cases,
     make_table_batch,
     make_write_tokens,
+    record_stride,
     stamp_batch,
     to_device,
 )
@@ -38,13 +39,13 @@ def ring_for(batch: TableBatch, n_contexts: int = 1, extra_tokens: int = 0) -> i
 
 
 def setup(rng, *, block_size, window, pad_row, n_contexts=2, shared_log=False, n_sources=1, mode=Mode.PARTIAL,
-          n_active=None, max_blocks=None, max_extend=8, source_rows=None, corrupt=0.2, **kw):
+          n_active=None, max_blocks=None, max_extend=8, source_rows=None, corrupt=0.2, stride=None, **kw):
     n_active = n_active if n_active is not None else size(40, 8)
     b = make_table_batch(rng, block_size=block_size, max_blocks=max_blocks or max(2, size(512, 96) // block_size),
                          pad_row=pad_row, window=window, token_offset=int(rng.integers(0, 2)), n_active=n_active,
                          max_reqs=n_active + 4, max_extend=max_extend, **kw)
     cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=n_sources, mode=mode, shared_log=shared_log,
-                              stride=int(rng.choice([32, 40, 48])), ring_capacity=ring_for(b, n_contexts, 64),
+                              stride=stride or record_stride(rng), ring_capacity=ring_for(b, n_contexts, 64),
                               flag=int(rng.choice([0, 1])), source_rows=source_rows)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=corrupt)
@@ -106,11 +107,12 @@ PARAMS = [(bsz, w, pad) for bsz in (1, 16, 64) for w, pad in ((0, 0), (9, -1))] 
 
 
 @pytest.mark.parametrize("block_size, window, pad_row", PARAMS)
-def test_verify_table_matches_reference(cuda_ready, block_size, window, pad_row):
+def test_verify_table_matches_reference(cuda_ready, vt_flat32, block_size, window, pad_row):
     rng = rng_for("verify_table", block_size, window, pad_row)
     mode = [Mode.NONE, Mode.PARTIAL, Mode.ALL][int(rng.integers(0, 3))]
     b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=int(rng.integers(1, 4)),
-                     shared_log=bool(rng.integers(0, 2)), n_sources=int(rng.integers(0, 3)), mode=mode)
+                     shared_log=bool(rng.integers(0, 2)), n_sources=int(rng.integers(0, 3)), mode=mode,
+                     stride=record_stride(rng, aligned=vt_flat32))
     rows = 0
     for paged in (True, False):
         for check in (True, False):
@@ -119,14 +121,15 @@ def test_verify_table_matches_reference(cuda_ready, block_size, window, pad_row)
 
 
 @pytest.mark.parametrize("mode, n_active, max_blocks", [(Mode.PARTIAL, 600, 64), (Mode.NONE, 300, 256)])
-def test_verify_table_many_rows_and_long_prefixes(cuda_ready, mode, n_active, max_blocks):
+def test_verify_table_many_rows_and_long_prefixes(cuda_ready, vt_flat32, mode, n_active, max_blocks):
     """More rows than one tile of the kernel (256), so it walks all rows for the total first, and prefixes long
     enough that a warp's range spans several steps (NONE: about 600 K entries, over 100 per warp of an H200's
-    grid, so lane 0 takes its predecessor from the warp's previous step)."""
+    grid, so lane 0 takes its predecessor from the warp's previous step). The block table with the 64-bit
+    modules; its per-position expansion with the 32-bit ones."""
     rng = rng_for("verify_table-big", mode)
     b, cases = setup(rng, block_size=16, window=0, pad_row=0, n_contexts=2, n_active=size(n_active, 300),
-                     max_blocks=size(max_blocks, 8), n_sources=1, mode=mode)
-    _, rows = run_verify_table(b, cases, paged=True, rng=rng)
+                     max_blocks=size(max_blocks, 8), n_sources=1, mode=mode, stride=record_stride(rng, aligned=vt_flat32))
+    _, rows = run_verify_table(b, cases, paged=not vt_flat32, rng=rng)
     assert rows > 0
 
 
@@ -145,12 +148,14 @@ def test_verify_table_contexts_split_into_launches(cuda_ready, n_contexts):
 
 
 @pytest.mark.parametrize("block_size, window, pad_row", PARAMS[:4])
-def test_verify_table_equals_plan_then_verify_on_gpu(cuda_ready, block_size, window, pad_row):
+def test_verify_table_equals_plan_then_verify_on_gpu(cuda_ready, vt_flat32, block_size, window, pad_row):
     rng = rng_for("verify_table-two-pass", block_size, window, pad_row)
-    b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=2)
+    b, cases = setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=2,
+                     stride=record_stride(rng, aligned=vt_flat32))
     gb, gc = to_device((b, cases), "cuda")
     a, two = to_device(gc, "cuda"), to_device(gc, "cuda")
-    kc.launch_canary_verify_from_table(contexts=[c.context() for c in a], **gb.verify_kwargs(True))
+    # The block table with the 64-bit modules, its per-position expansion with the 32-bit ones.
+    kc.launch_canary_verify_from_table(contexts=[c.context() for c in a], **gb.verify_kwargs(not vt_flat32))
     cap = max(1, int(b.prefix_lens.clamp(min=0).sum()))
     vp = kc.VerifyPlan.allocate(verify_capacity=cap, device="cuda")
     wp = kc.WritePlan.allocate(write_req_capacity=max(b.bs, 1), device="cuda")
@@ -162,9 +167,10 @@ def test_verify_table_equals_plan_then_verify_on_gpu(cuda_ready, block_size, win
     assert compare_cases(to_device(a, "cpu"), to_device(two, "cpu")) > 0
 
 
-def test_verify_table_block_table_equals_req_to_token_on_gpu(cuda_ready):
+def test_verify_table_block_table_equals_req_to_token_on_gpu(cuda_ready, vt_flat32):
     rng = rng_for("verify_table-forms")
-    b, cases = setup(rng, block_size=16, window=9, pad_row=-1, n_contexts=2, shared_log=True, corrupt=0.3)
+    b, cases = setup(rng, block_size=16, window=9, pad_row=-1, n_contexts=2, shared_log=True, corrupt=0.3,
+                     stride=record_stride(rng, aligned=vt_flat32))
     gb, gc = to_device((b, cases), "cuda")
     outs = []
     for paged in (True, False):
@@ -173,6 +179,59 @@ def test_verify_table_block_table_equals_req_to_token_on_gpu(cuda_ready):
         outs.append(to_device(cc, "cpu"))
     torch.cuda.synchronize()
     assert compare_cases(*outs) > 0
+
+
+@pytest.mark.skipif(SMALL, reason="2**31 entries: too slow under compute-sanitizer")
+def test_verify_table_32_bit_modules_on_a_batch_of_more_than_2_to_the_31_entries(cuda_ready, monkeypatch):
+    """260 rows of the 32-bit modules' longest row (KVC_VT_FLAT32_MAX_SEQ_LEN positions): over 2**31 verify entries,
+    so batch-wide offsets pass 2**31 while each tile's stay below it (the kernel clamps a warp's range to the tile
+    before it narrows it to an int). The table is slot 0 (skipped) but for isolated planted slots, spread over
+    every row and crowded into the last two (whose entries straddle or start past 2**31); a fifth store a wrong position. The
+    32-bit modules report exactly what the 64-bit ones report: one POSITION_MISMATCH row per bad slot."""
+    from kvcanary.ops.cuda import verify_table as cuda_vt
+    from kvcanary.ops.cuda.specs import int_define
+
+    L = int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SEQ_LEN")
+    rows = 2**31 // L + 2
+    assert (rows - 1) * L > 2**31  # the last row's entries start past 2**31
+    free, _ = torch.cuda.mem_get_info()
+    if free < (rows + 1) * L * 4 + (2 << 30):
+        pytest.skip(f"needs {(rows + 1) * L * 4 / 2**30:.1f} GiB of GPU memory for the table, {free / 2**30:.1f} free")
+    rng = rng_for("verify_table-2^31")
+    num_slots, n = 1 << 16, 300
+    where = set()
+    while len(where) < n:  # even positions only: no two planted slots are neighbours (no chain check between them)
+        r = int(rng.integers(1, rows + 1)) if len(where) < 200 else int(rng.integers(rows - 1, rows + 1))
+        where.add((r, 2 * int(rng.integers(1, L // 2))))
+    rp, pos = (torch.tensor(x, dtype=torch.int64) for x in zip(*sorted(where)))
+    slots = torch.from_numpy(rng.choice(np.arange(1, num_slots), size=n, replace=False))
+    bad = torch.from_numpy(rng.random(n) < 0.2)
+    case = make_canary_case(rng, num_slots, stride=32, ring_capacity=n + 64)
+    records = case.canary.view(torch.int64)  # [num_slots, 4]: token, position, prev_hash, real_kv_hash
+    records[slots, 1] = pos + bad.long()
+    records[slots, 3] = 0  # NONE mode: no fingerprint
+    table = torch.zeros((rows + 1, L), dtype=torch.int32, device="cuda")  # row 0: the padding row
+    table[rp.cuda(), pos.cuda()] = slots.to(torch.int32).cuda()
+    req_pool_indices = torch.arange(1, rows + 1, dtype=torch.int64, device="cuda")
+    prefix_lens = torch.full((rows,), L, dtype=torch.int64, device="cuda")
+    flags: list[bool] = []
+    real = cuda_vt.function
+    monkeypatch.setattr(cuda_vt, "function", lambda *a: flags.append(a[-1]) or real(*a))
+    out = []
+    for flat32 in (False, True):
+        monkeypatch.setattr(cuda_vt, "FLAT32", flat32)
+        c = to_device(case, "cuda")
+        kc.launch_canary_verify_from_table(contexts=(c.context(),), req_pool_indices=req_pool_indices,
+                                           prefix_lens=prefix_lens, req_to_token=table)
+        out.append(to_device(c, "cpu"))
+    torch.cuda.synchronize()
+    del table
+    assert flags == [False, True]
+    assert compare_logs(out[0].log, out[1].log) == int(bad.sum()) > 0
+    got = out[1].log.ring[:int(bad.sum())]
+    assert sorted(got[:, 1].tolist()) == sorted(slots[bad].tolist())
+    assert bool((got[:, 7] == kc.FailReason.VERIFY_POSITION_MISMATCH).all())
+    assert int(out[1].log.slot_counter[0]) - int(case.log.slot_counter[0]) == rows * L
 
 
 def test_verify_table_sources_smaller_than_the_canary(cuda_ready):

@@ -23,6 +23,7 @@ import torch
 import kvcanary as kc
 from kvcanary import RealKvHashMode as Mode
 from kvcanary.ops.cuda import specs
+from kvcanary.ops.cuda import verify_table as cuda_verify_table
 from support.cuda_emu import build, compiler, emulated_cuda
 from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
 from support.table_cases import (
@@ -31,6 +32,7 @@ from support.table_cases import (
     make_records_case,
     make_table_batch,
     make_write_tokens,
+    record_stride,
     stamp_batch,
     to_device,
 )
@@ -61,12 +63,12 @@ def _ring(b, n_contexts=1) -> int:
 
 
 def _setup(rng, *, block_size, window, pad_row, n_contexts, n_sources, mode, shared_log=False, n_active=8,
-           max_blocks=None, max_extend=8, source_rows=None):
+           max_blocks=None, max_extend=8, source_rows=None, stride=None):
     b = make_table_batch(rng, block_size=block_size, max_blocks=max_blocks or max(2, 128 // block_size),
                          pad_row=pad_row, window=window, token_offset=int(rng.integers(0, 2)), n_active=n_active,
                          max_reqs=n_active + 4, max_extend=max_extend)
     cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=n_sources, mode=mode, shared_log=shared_log,
-                              stride=int(rng.choice([32, 40, 48])), ring_capacity=_ring(b, n_contexts),
+                              stride=stride or record_stride(rng), ring_capacity=_ring(b, n_contexts),
                               flag=int(rng.choice([0, 1])), source_rows=source_rows)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=0.2)
@@ -85,35 +87,80 @@ def _run(emu, op, make_kwargs, state):
 # ----------------------------------------------------------------------------------------------- verify
 
 
+def _flat32_launched(emu) -> set[bool]:
+    """The ``flat32`` flags of the verify-from-table modules launched so far."""
+    return {bool(dict(zip(specs.family_flags(s.family), s.flags))["flat32"]) for s in emu.specs
+            if s.family == "verify_table"}
+
+
 @pytest.mark.parametrize("block_size, window, pad_row, n_contexts, mode", [
     (1, 0, 0, 1, Mode.NONE), (16, 7, -1, 2, Mode.PARTIAL), (64, 0, -1, 5, Mode.ALL), (4, 30, 0, 3, Mode.PARTIAL),
     (8, 7, 0, 2, Mode.NONE), (2, 0, -1, 3, Mode.NONE),  # several contexts without real KV
 ])
-def test_verify_table_emulated(emu, block_size, window, pad_row, n_contexts, mode):
+def test_verify_table_emulated(emu, vt_flat32, block_size, window, pad_row, n_contexts, mode):
     rng = rng_for("emu-verify_table", block_size, window, pad_row, n_contexts)
     b, cases = _setup(rng, block_size=block_size, window=window, pad_row=pad_row, n_contexts=n_contexts,
                       n_sources=int(rng.integers(1, 3)), mode=mode, shared_log=n_contexts == 3,
                       n_active=24 if block_size == 1 else 8, max_blocks=300 if block_size == 1 else None,
-                      source_rows=None if mode != Mode.ALL else 3)
+                      source_rows=None if mode != Mode.ALL else 3, stride=record_stride(rng, aligned=vt_flat32))
     inv = random_bytes(rng, (1,), torch.int32)
-    for paged in (True, False):
+    # The per-position table with and without the expected-token check (the 32-bit modules have both).
+    for paged, check in ((True, True), (False, False), (False, True)):
         ref, got = _run(emu, kc.launch_canary_verify_from_table,
-                        lambda s, paged=paged: dict(contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
-                                                    **s[0].verify_kwargs(paged, check_token=paged)), (b, cases, inv))
+                        lambda s, paged=paged, check=check: dict(
+                            contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
+                            **s[0].verify_kwargs(paged, check_token=check)), (b, cases, inv))
         assert _compare(ref[1], got[1]) > 0
         assert_same_bytes(ref[2], got[2], "invalid_rows_out")
     assert {name for name, _, _ in emu.launched} == {"kvc_verify_from_table"}
-    assert len(emu.launched) == 2 * (1 + (n_contexts - 1) // 4)
+    assert len(emu.launched) == 3 * (1 + (n_contexts - 1) // 4)
     # Each launch ran the smallest module compiled for its contexts (5 = a launch of 4, then one of 1).
     per_launch = [4, 1] if n_contexts == 5 else [n_contexts]
     assert emu.modules("verify_table") == sorted({specs.contexts_spec(n) for n in per_launch})
+    # The block table always takes the 64-bit modules; the per-position one the 32-bit ones when they are on.
+    assert _flat32_launched(emu) == {False, vt_flat32}
+
+
+def test_flat32_modules_are_taken_only_within_their_bounds(monkeypatch):
+    """``flat32_fits``: the 32-bit verify modules take a launch only when the switch is on, the table is per-position
+    with rows of at most ``KVC_VT_FLAT32_MAX_SEQ_LEN`` positions, every context has at most
+    ``KVC_VT_FLAT32_MAX_SLOTS`` slots, 16-byte aligned records, and the grid fewer than 2**24 threads; each bound
+    is probed at its edge."""
+    from types import SimpleNamespace as NS
+
+    from kvcanary.ops.cuda.grids import Grid
+    from kvcanary.ops.cuda.specs import int_define
+
+    max_len = int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SEQ_LEN")
+    max_slots = int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SLOTS")
+    assert max_len * 256 + 2**24 <= 2**31 and max_slots == 2**31 - 1
+
+    def table(cols, paged=False):
+        return NS(paged=paged, array=NS(shape=(8, cols)))
+
+    def ctx(num_slots=1000, stride=32, ptr=0x7F0000001000):
+        return NS(num_slots=num_slots, slot_stride_bytes=stride, canary_buf=NS(ptr=ptr))
+
+    grid = Grid(528, 256)
+    fits = cuda_verify_table.flat32_fits
+    monkeypatch.setattr(cuda_verify_table, "FLAT32", True)
+    assert fits(table(max_len), (ctx(), ctx(num_slots=max_slots, stride=48)), grid)
+    assert not fits(table(max_len + 1), (ctx(),), grid)
+    assert not fits(table(64, paged=True), (ctx(),), grid)
+    assert not fits(table(64), (ctx(), ctx(num_slots=max_slots + 1)), grid)
+    assert not fits(table(64), (ctx(stride=40),), grid)
+    assert not fits(table(64), (ctx(), ctx(ptr=0x7F0000001008)), grid)
+    assert fits(table(64), (ctx(),), Grid(2**24 // 256 - 1, 256))
+    assert not fits(table(64), (ctx(),), Grid(2**24 // 256, 256))
+    monkeypatch.setattr(cuda_verify_table, "FLAT32", False)
+    assert not fits(table(64), (ctx(),), grid)
 
 
 @pytest.mark.parametrize("n_active, block_size, max_blocks, mode, n_contexts, paged", [
     (300, 2, 4, Mode.NONE, 1, True), (700, 4, 6, Mode.NONE, 2, True), (300, 2, 4, Mode.PARTIAL, 1, True),
     (700, 4, 6, Mode.PARTIAL, 2, True), (700, 4, 6, Mode.NONE, 1, False), (300, 2, 4, Mode.PARTIAL, 2, False),
 ])
-def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, mode, n_contexts, paged):
+def test_verify_table_emulated_many_rows(emu, vt_flat32, n_active, block_size, max_blocks, mode, n_contexts, paged):
     """More rows than a tile (256), so the kernel first walks every row for the batch total; each warp's share
     of the entries crosses tiles, and (the 700-row cases: about 8000 entries over 4 blocks) takes several steps.
     Without real KV a warp's steps are one contiguous range, with it they are grid-strided (steps that straddle
@@ -121,7 +168,8 @@ def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, 
     Block and per-position tables (an entry's cell from its row's s_cell0, published per tile)."""
     rng = rng_for("emu-verify_table-rows", n_active, mode.name, n_contexts, paged)
     b, cases = _setup(rng, block_size=block_size, window=0, pad_row=0, n_contexts=n_contexts,
-                      n_sources=0 if mode == Mode.NONE else 1, mode=mode, n_active=n_active, max_blocks=max_blocks)
+                      n_sources=0 if mode == Mode.NONE else 1, mode=mode, n_active=n_active, max_blocks=max_blocks,
+                      stride=record_stride(rng, aligned=vt_flat32))
     inv = random_bytes(rng, (1,), torch.int32)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), invalid_rows_out=s[2],
@@ -129,16 +177,19 @@ def test_verify_table_emulated_many_rows(emu, n_active, block_size, max_blocks, 
                     (b, cases, inv))
     assert _compare(ref[1], got[1]) > 0
     assert_same_bytes(ref[2], got[2], "invalid_rows_out")
+    assert _flat32_launched(emu) == {vt_flat32 and not paged}
 
 
-def test_verify_table_emulated_slot_bounds(emu):
+@pytest.mark.parametrize("stride", [32, 40])
+def test_verify_table_emulated_slot_bounds(emu, vt_flat32, stride):
     """Slots at the edges of the bounds (SPEC §9) in a per-position table: num_slots - 1 (checked),
     num_slots and far beyond, -1 and INT32_MIN (out of range), 0 (skipped: its successor's prev is 0, no chain
     check whatever its stored prev_hash), each in lanes of warps whose other entries are clean (the cold path
-    of one failing lane)."""
-    rng = rng_for("emu-verify_table-bounds")
+    of one failing lane). Records of 40 bytes are not 16-byte aligned: the 64-bit modules take them even when the
+    32-bit ones are on."""
+    rng = rng_for("emu-verify_table-bounds", stride)
     b, cases = _setup(rng, block_size=1, window=0, pad_row=-1, n_contexts=1, n_sources=0, mode=Mode.NONE,
-                      n_active=6, max_blocks=200)
+                      n_active=6, max_blocks=200, stride=stride)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=0.0)
     ns = b.num_slots
@@ -151,10 +202,11 @@ def test_verify_table_emulated_slot_bounds(emu):
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].verify_kwargs(False)),
                     (b, cases))
     assert _compare(ref[1], got[1]) > 0
+    assert _flat32_launched(emu) == {vt_flat32 and stride % 16 == 0}
 
 
 _FIND_ROW_PROBE = r"""
-struct KvcProbeFindRow { const long long* offsets; const long long* es; int* out; long long n; };
+struct KvcProbeFindRow { const OFFSET* offsets; const OFFSET* es; int* out; long long n; };
 // Warp w answers es[w], es[w + warps], ... with kvc_vt_warp_find_row (every lane calls it with the same e).
 extern "C" __global__ void kvc_probe_warp_find_row(const KvcProbeFindRow p) {
     const int warps = (int)(blockDim.x >> 5);
@@ -166,19 +218,22 @@ extern "C" __global__ void kvc_probe_warp_find_row(const KvcProbeFindRow p) {
 """
 
 
-def test_verify_table_warp_find_row_emulated():
+@pytest.mark.parametrize("flat32, offset, dtype", [(False, "long long", np.int64), (True, "int", np.int32)])
+def test_verify_table_warp_find_row_emulated(flat32, offset, dtype):
     """kvc_vt_warp_find_row (the row of a warp's first entry in a tile) is the first row whose entries end past the
     entry, for every entry of tiles with empty rows (runs of them, at the start, across the 8-row vote groups and at
     the end) and one-entry rows. The verify kernel only starts its per-lane search there, so a row found too early
-    would go unnoticed by the differential tests (only slower): this checks the exact row."""
-    base = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1)
+    would go unnoticed by the differential tests (only slower): this checks the exact row. The 64-bit modules' tile
+    offsets are int64, the 32-bit modules' int32."""
+    base = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1,
+                          flat32=flat32)
 
     class Probe:  # the verify module's source with one probe kernel appended
         family, key, entry_points = "vt_probe", base.key + "+probe", ("kvc_probe_warp_find_row",)
 
         @staticmethod
         def source() -> str:
-            return base.source() + _FIND_ROW_PROBE
+            return base.source() + _FIND_ROW_PROBE.replace("OFFSET", offset)
 
     lib = build(Probe)
     rng = np.random.default_rng(20261204)
@@ -191,8 +246,8 @@ def test_verify_table_warp_find_row_emulated():
         if case == 3:
             lens[:] = 0
             lens[[7, 8, 63, 64, 255]] = [3, 1, 2, 4, 1]  # rows at the groups' edges
-        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        es = np.arange(int(offsets[-1]), dtype=np.int64)
+        offsets = np.concatenate([[0], np.cumsum(lens)]).astype(dtype)
+        es = np.arange(int(offsets[-1]), dtype=dtype)
         out = np.full(es.size, -7, dtype=np.int32)
         args = np.zeros(1, dtype=[("offsets", "u8"), ("es", "u8"), ("out", "u8"), ("n", "i8")])
         args[0] = (offsets.ctypes.data, es.ctypes.data, out.ctypes.data, es.size)

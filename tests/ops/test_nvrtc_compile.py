@@ -221,10 +221,11 @@ def test_table_kernels_are_compiled_per_context_count():
     assert len(wt) == 2 * 2 * 3  # input_assert x has_real_kv x contexts
     vt = [s for s in _ALL_SPECS if s.family == "verify_table"]
     assert sorted({dict(s.defines)["KVC_CONTEXTS"] for s in vt}) == ["1", "2", "4"]
-    assert len(vt) == 2 * 2 * 2 * 3  # has_lut x check_token x has_real_kv x contexts
-    assert len(_ALL_SPECS) == 50
-    src = kspecs.spec_for("verify_table", has_lut=True, check_token=False, has_real_kv=False, contexts=1).source()
-    assert "#define KVC_CONTEXTS 1\n" in src and "#define KVC_HAS_LUT 1\n" in src
+    assert len(vt) == 2 * 2 * 2 * 3 * 2  # has_lut x check_token x has_real_kv x contexts x flat32
+    assert len(_ALL_SPECS) == 74
+    src = kspecs.spec_for("verify_table", has_lut=True, check_token=False, has_real_kv=False, contexts=1,
+                          flat32=True).source()
+    assert "#define KVC_CONTEXTS 1\n" in src and "#define KVC_HAS_LUT 1\n" in src and "#define KVC_FLAT32 1\n" in src
     src = kspecs.spec_for("write_table", input_assert=True, has_real_kv=False, contexts=2).source()
     assert "#define KVC_CONTEXTS 2\n" in src and "#define KVC_INPUT_ASSERT 1\n" in src
     # Every spec rebuilds from its own flags (what warmup() hands the loader).

@@ -320,6 +320,12 @@ class CanaryCase:
         return [self.canary, self.log.ring, self.log.index, self.log.slot_counter, self.log.kernel_counter]
 
 
+def record_stride(rng: np.random.Generator, *, aligned: bool = False) -> int:
+    """A random canary record stride: 32, 40 or 48 bytes; with ``aligned`` only the multiples of 16 (the CUDA verify's
+    32-bit modules take only 16-byte aligned records)."""
+    return int(rng.choice([32, 48] if aligned else [32, 40, 48]))
+
+
 def make_canary_case(rng: np.random.Generator, num_slots: int, *, n_sources: int = 0,
                      mode: int = RealKvHashMode.NONE, stride: int = 32, ring_capacity: int = 256,
                      start_index: int = 0, tag: int | None = None, flag: int | None = 1,

@@ -128,9 +128,10 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "verify": ("verify.cu", ("kvc_verify",), ("check_token", "has_real_kv")),
     "scatter": ("scatter.cu", ("kvc_scatter",), ()),
     # Plan-free verify (SPEC §11): has_lut as for plan; check_token: check_verify_expected_token and a pool
-    # given; has_real_kv: some context folds real KV; contexts as for write_table.
+    # given; has_real_kv: some context folds real KV; contexts as for write_table; flat32: the 32-bit modules
+    # (verify_table.cu's KVC_VT_FLAT32_MAX_SEQ_LEN says when they apply; cuda/verify_table.py chooses).
     "verify_table": ("verify_table.cu", ("kvc_verify_from_table",),
-                     ("has_lut", "check_token", "has_real_kv", "contexts")),
+                     ("has_lut", "check_token", "has_real_kv", "contexts", "flat32")),
     # Plan-free write (SPEC §12): input_assert and has_real_kv as for write (the LUT, read once per request for
     # the seed, is a runtime choice); contexts: the most contexts a launch of it takes (its per-context loops are
     # unrolled that far; see contexts_spec()).
@@ -198,7 +199,7 @@ def spec_for(family: str, **flags: bool | int) -> KernelSpec:
 
 @cache
 def all_specs() -> tuple[KernelSpec, ...]:
-    """Every specialization of every family (50 modules)."""
+    """Every specialization of every family (74 modules)."""
     specs = []
     for family, (_, _, names) in _FAMILIES.items():
         for values in itertools.product(*(_choices(n) for n in names)):

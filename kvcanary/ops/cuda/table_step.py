@@ -33,6 +33,7 @@ from kvcanary.ops.cuda.launch import (
 )
 from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.cuda.specs import contexts_spec
+from kvcanary.ops.cuda.verify_table import flat32_fits
 from kvcanary.ops.interop import ArrayView, Device
 from kvcanary.ops.launches import ContextViews, TableViews
 
@@ -80,14 +81,16 @@ class CudaTableStep:
         w_ctx = contexts_words(write_contexts, dev, s)
         struct.pack_into(f"<{len(v_ctx)}q", self._v_buf.words, _VERIFY_HEAD * P.WORD_BYTES, *v_ctx)
         struct.pack_into(f"<{len(w_ctx)}q", self._w_buf.words, _WRITE_HEAD * P.WORD_BYTES, *w_ctx)
-        self._v_fns: dict[tuple[bool, bool], Any] = {}
+        self._v_fns: dict[tuple[bool, bool, bool], Any] = {}
         self._w_fns: dict[bool, Any] = {}
         self._table_key: tuple[Any, Any] | None = None
         self._table_words: tuple[int, ...] = ()
+        self._flat32 = False  # the verify of the current table takes the 32-bit modules
 
     def _table(self, table: TableViews, lut: ArrayView | None) -> tuple[int, ...]:
         if self._table_key is None or self._table_key[0] is not table or self._table_key[1] is not lut:
             self._table_words = tuple(table_words(table, lut))
+            self._flat32 = flat32_fits(table, self.verify_contexts, self._v_grid)
             self._table_key = (table, lut)
         return self._table_words
 
@@ -101,15 +104,16 @@ class CudaTableStep:
         invalid-row count added. Batch arrays: as :class:`~kvcanary.ops.table_step.TableStep` takes them."""
         pool = expected_tokens_pool
         check = check_expected_token and pool is not None
-        key = (lut is not None, check)
+        table_w = self._table(table, lut)
+        key = (lut is not None, check, self._flat32)
         fn = self._v_fns.get(key)
         dev = self.device.index
         if fn is None:
             fn = self._v_fns[key] = function(dev, "verify_table", "kvc_verify_from_table", key[0], key[1],
-                                             self._v_real_kv, self._v_contexts)
+                                             self._v_real_kv, self._v_contexts, key[2])
         buf = self._v_buf
         _VERIFY_PACK.pack_into(
-            buf.words, 0, *self._table(table, lut),
+            buf.words, 0, *table_w,
             req_pool_indices.data_ptr(), prefix_lens.data_ptr(), 0, _addr(pool), _addr(expected_tokens_valid_lens), 0,
             req_pool_indices.shape[0], swa_window_size, pool.shape[1] if pool is not None else 0, token_offset,
             len(self.verify_contexts), _addr(invalid_rows_total))

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcanary.ops.cuda import params as P
-from kvcanary.ops.cuda.grids import sm_count, verify_table_grid
+from kvcanary.ops.cuda.grids import Grid, sm_count, verify_table_grid
 from kvcanary.ops.cuda.launch import (
     batch_words,
     contexts_words,
@@ -22,8 +22,29 @@ from kvcanary.ops.cuda.launch import (
     table_words,
 )
 from kvcanary.ops.cuda.loader import function
-from kvcanary.ops.cuda.specs import contexts_spec
-from kvcanary.ops.launches import VerifyTableLaunch
+from kvcanary.ops.cuda.specs import contexts_spec, int_define
+from kvcanary.ops.launches import ContextViews, TableViews, VerifyTableLaunch
+
+# Whether launches take verify_table.cu's 32-bit modules (KVC_FLAT32) where they apply (flat32_fits). Off until
+# they are timed on a GPU: they pass the emulated kernel tests on the CPU and are shorter than the 64-bit modules
+# (the A NONE module: 2,352 instructions and 54 registers against 2,856 and 62, nvcc 13.0, sm_90), but have not
+# run on a GPU yet. The GPU tests run both kinds, and bench/bench_cuda.py times both in one run (verify_table_32,
+# docs/BENCHMARKS.md). A prepared canary step reads it when it first sees a table.
+FLAT32 = False
+
+
+def flat32_fits(table: TableViews, contexts: tuple[ContextViews, ...], grid: Grid) -> bool:
+    """Whether a launch over ``table`` for ``contexts`` on ``grid`` takes the 32-bit modules: :data:`FLAT32` is set,
+    the table is per-position with rows of at most ``KVC_VT_FLAT32_MAX_SEQ_LEN`` positions, every context's slots
+    and record stride are at most ``KVC_VT_FLAT32_MAX_SLOTS`` and its records 16-byte aligned (buffer address and
+    stride), and the grid has fewer than 2**24 threads (what ``kernels_cu/verify_table.cu`` relies on there)."""
+    if not FLAT32 or table.paged:
+        return False
+    most = int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SLOTS")
+    return (table.array.shape[1] <= int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SEQ_LEN")
+            and all(c.num_slots <= most and c.slot_stride_bytes <= most
+                    and (c.canary_buf.ptr | c.slot_stride_bytes) % 16 == 0 for c in contexts)
+            and grid.blocks * grid.threads < 2**24)
 
 
 def verify_from_table(launch_rec: VerifyTableLaunch, stream: Any = None) -> None:
@@ -49,9 +70,10 @@ def verify_from_table(launch_rec: VerifyTableLaunch, stream: Any = None) -> None
         total = ptr(rec.invalid_rows_total) if i == 0 else 0
         words = P.VERIFY_TABLE.pack(**head, num_contexts=len(group), invalid_rows_total=total,
                                     ctx=contexts_words(group, dev, s))
-        groups.append((any(folds_real_kv(c) for c in group), contexts_spec(len(group)), words))
+        groups.append((group, any(folds_real_kv(c) for c in group), contexts_spec(len(group)), words))
     sms = sm_count(dev)
-    for has_real_kv, contexts, words in groups:
+    for group, has_real_kv, contexts, words in groups:
         g = verify_table_grid(has_real_kv, sms)
-        launch(function(dev, "verify_table", "kvc_verify_from_table", has_lut, check, has_real_kv, contexts),
+        flat32 = flat32_fits(rec.table, group, g)
+        launch(function(dev, "verify_table", "kvc_verify_from_table", has_lut, check, has_real_kv, contexts, flat32),
                g.blocks, g.threads, words, dev, s)
