@@ -61,7 +61,7 @@ _PATCHES = (
      f" {_B.format(3)} = {_B.format(4)} = {_B.format(5)} = 0; }}"),
     ("        // Rows past bs have no entries", "before",
      f"        if (tid == 0 && {_B.format(3)} == 0 && len != -1) {_B.format(3)} = clock64();\n"),
-    ("        s_off[tid] = (kvc_vt_idx)off;", "after",
+    ("        s_off[tid] = off;", "after",
      f"\n        if (tid == 0 && {_B.format(4)} == 0 && tile_total != -1) {_B.format(4)} = clock64();"),
     ("__syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])", "after",
      f"\n        if (tid == 0 && {_B.format(5)} == 0) {_B.format(5)} = clock64();"),

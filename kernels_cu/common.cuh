@@ -28,9 +28,31 @@ constexpr unsigned long long kU32Limit = 1ULL << 32;
 // ---------------------------------------------------------------------------------------------------
 // Hashes (SPEC §3). All arithmetic is unsigned 64-bit and wraps.
 
+// x * c (mod 2**64). With KVC_MUL3 defined to 1 (the verify's 32-bit modules, until it is timed for the others), on
+// the device: one 32 x 32 -> 64-bit multiply of the low words and two 32-bit multiply-adds into its high word,
+// three instructions where nvcc's 64-bit multiply takes four.
+KVC_HD kvc_u64 kvc_mul64(kvc_u64 x, kvc_u64 c) {
+#if defined(__CUDA_ARCH__) && defined(KVC_MUL3) && KVC_MUL3
+    kvc_u64 r;
+    asm("{\n\t.reg .u32 xl, xh, cl, ch, rl, rh;\n\t"
+        "mov.b64 {xl, xh}, %1;\n\t"
+        "mov.b64 {cl, ch}, %2;\n\t"
+        "mul.wide.u32 %0, xl, cl;\n\t"
+        "mov.b64 {rl, rh}, %0;\n\t"
+        "mad.lo.u32 rh, xh, cl, rh;\n\t"
+        "mad.lo.u32 rh, xl, ch, rh;\n\t"
+        "mov.b64 %0, {rl, rh};\n\t}"
+        : "=l"(r)
+        : "l"(x), "l"(c));
+    return r;
+#else
+    return x * c;
+#endif
+}
+
 KVC_HD kvc_u64 kvc_splitmix64(kvc_u64 x) {
-    x = (x ^ (x >> 30)) * kvc::SPLITMIX64_MUL1;
-    x = (x ^ (x >> 27)) * kvc::SPLITMIX64_MUL2;
+    x = kvc_mul64(x ^ (x >> 30), kvc::SPLITMIX64_MUL1);
+    x = kvc_mul64(x ^ (x >> 27), kvc::SPLITMIX64_MUL2);
     return x ^ (x >> 31);
 }
 
@@ -192,11 +214,9 @@ __device__ __forceinline__ bool kvc_records_vec16(const void* canary, kvc_i64 st
     return (((kvc_u64)canary | (kvc_u64)stride) & 15ULL) == 0;
 }
 
-// Fields 0..3 of a record through the read-only path (the buffer is not written by this kernel).
-__device__ __forceinline__ void kvc_load_record_ro(const unsigned char* canary, kvc_i64 slot, kvc_i64 stride,
-                                                   bool vec16, kvc_i64& token, kvc_i64& position,
-                                                   kvc_i64& prev_hash, kvc_i64& real_kv_hash) {
-    const kvc_i64* rec = kvc_record(canary, slot, stride);
+// Fields 0..3 of the record at rec through the read-only path (the buffer is not written by this kernel).
+__device__ __forceinline__ void kvc_load_record_at(const kvc_i64* rec, bool vec16, kvc_i64& token,
+                                                   kvc_i64& position, kvc_i64& prev_hash, kvc_i64& real_kv_hash) {
     if (vec16) {
         const longlong2 a = __ldg(reinterpret_cast<const longlong2*>(rec));
         const longlong2 b = __ldg(reinterpret_cast<const longlong2*>(rec) + 1);
@@ -210,6 +230,13 @@ __device__ __forceinline__ void kvc_load_record_ro(const unsigned char* canary, 
         prev_hash = __ldg(rec + kvc::FIELD_PREV_HASH);
         real_kv_hash = __ldg(rec + kvc::FIELD_REAL_KV_HASH);
     }
+}
+
+// The same, of slot `slot`'s record.
+__device__ __forceinline__ void kvc_load_record_ro(const unsigned char* canary, kvc_i64 slot, kvc_i64 stride,
+                                                   bool vec16, kvc_i64& token, kvc_i64& position,
+                                                   kvc_i64& prev_hash, kvc_i64& real_kv_hash) {
+    kvc_load_record_at(kvc_record(canary, slot, stride), vec16, token, position, prev_hash, real_kv_hash);
 }
 
 // The 16-byte word pair at p (16-byte aligned: validation checks pointer, row stride and sizes), through
@@ -348,29 +375,31 @@ __device__ __forceinline__ void kvc_counter_add(kvc_i64* counter, kvc_i64 amount
     atomicAdd(reinterpret_cast<unsigned long long*>(counter), (unsigned long long)amount);
 }
 
-// Warp-level inclusive sum of an int64 (all lanes active).
-__device__ __forceinline__ kvc_i64 kvc_warp_inclusive_sum(kvc_i64 v) {
+// Warp-level inclusive sum (all lanes active). T: kvc_i64, or int where the sums are known to fit (half the shuffles).
+template <typename T>
+__device__ __forceinline__ T kvc_warp_inclusive_sum(T v) {
     const int lane = (int)(threadIdx.x & 31);
 #pragma unroll
     for (int d = 1; d < kvc::kWarpSize; d <<= 1) {
-        const kvc_i64 n = __shfl_up_sync(kvc::kFullMask, v, d);
+        const T n = __shfl_up_sync(kvc::kFullMask, v, d);
         if (lane >= d) v += n;
     }
     return v;
 }
 
 // Block-wide exclusive sum (every thread of the block calls it; blockDim.x a multiple of 32, at most 1024).
-// `scratch` is shared memory of kvc::kScanScratch int64. Returns the thread's exclusive prefix; `total` gets
-// the block sum. Starts with a barrier (scratch may still be read from a previous call) and ends with one.
-__device__ __forceinline__ kvc_i64 kvc_block_exclusive_sum(kvc_i64 v, kvc_i64* scratch, kvc_i64& total) {
+// `scratch` is shared memory of kvc::kScanScratch T. Returns the thread's exclusive prefix; `total` gets the block
+// sum. Starts with a barrier (scratch may still be read from a previous call) and ends with one. T as above.
+template <typename T>
+__device__ __forceinline__ T kvc_block_exclusive_sum(T v, T* scratch, T& total) {
     const int lane = (int)(threadIdx.x & 31), warp = (int)(threadIdx.x >> 5), nwarps = (int)(blockDim.x >> 5);
-    const kvc_i64 inc = kvc_warp_inclusive_sum(v);
+    const T inc = kvc_warp_inclusive_sum(v);
     __syncthreads();
     if (lane == kvc::kWarpSize - 1) scratch[warp] = inc;
     __syncthreads();
     if (warp == 0) {
-        const kvc_i64 w = lane < nwarps ? scratch[lane] : 0;
-        const kvc_i64 wi = kvc_warp_inclusive_sum(w);
+        const T w = lane < nwarps ? scratch[lane] : 0;
+        const T wi = kvc_warp_inclusive_sum(w);
         scratch[lane] = wi - w;  // exclusive prefix of warp `lane`
         if (lane == kvc::kWarpSize - 1) scratch[kvc::kWarpSize] = wi;
     }

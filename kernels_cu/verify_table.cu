@@ -56,6 +56,10 @@
 // covered by a folded source (>= slot_limit), or whose prev is >= num_slots, gets the single row
 // (tag, slot, position, -1, expected_token or -1, 0, prev, SLOT_OUT_OF_RANGE).
 
+// The 32-bit modules take splitmix64's multiplies as three multiply-adds (common.cuh, kvc_mul64).
+#if defined(KVC_FLAT32) && KVC_FLAT32
+#define KVC_MUL3 1
+#endif
 #include "common.cuh"
 
 #ifndef KVC_HAS_LUT
@@ -90,10 +94,12 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
 // strides, records 16-byte aligned (buffer and stride), and a grid of fewer than 2**24 threads. Then a tile's
 // entries (at most kVtTile rows of max_seq_len), its tile-local indices, offsets and positions fit an int with
-// 2**24 to spare for a step's overshoot ((2**31 - 2**24) / 256), a row's table origin is kept as the address of its
-// cell for tile-local entry 0 (an entry's cell is one 32 x 64-bit multiply-add), a record is two 16-byte loads
-// (no run-time choice between load forms), and without a LUT slots stay the table's ints (one shuffle, 32-bit
-// compares and record offsets). Fewer instructions per step where the step is bound by instruction issue (A NONE).
+// 2**24 to spare for a step's overshoot ((2**31 - 2**24) / 256), so the tile's scan and the step loop's index math
+// are 32-bit; a row's table origin is kept as the address of its cell for tile-local entry 0 (an entry's cell is
+// one 32 x 64-bit multiply-add); a record is two 16-byte loads (no run-time choice between load forms) whose offset
+// is one 32 x 32 -> 64-bit multiply-add; splitmix64's multiplies are three instructions (KVC_MUL3); and without a
+// LUT slots stay the table's ints (one shuffle, 32-bit compares). Fewer instructions per step where the step is
+// bound by instruction issue (A NONE).
 #define KVC_VT_FLAT32_MAX_SEQ_LEN 8323072
 #define KVC_VT_FLAT32_MAX_SLOTS 2147483647
 
@@ -152,6 +158,17 @@ __device__ __forceinline__ const int* kvc_vt_cell_ptr(const KvcTableParams& t, k
 #endif
 }
 
+// The record of slot s in [0, num_slots): in the flat32 modules slot and stride are non-negative ints below 2**31, so
+// its offset is one 32 x 32 -> 64-bit multiply-add (the 64-bit form takes six instructions there).
+__device__ __forceinline__ const kvc_i64* kvc_vt_record(const unsigned char* canary, kvc_vt_slot s,
+                                                        kvc_vt_stride stride) {
+#if KVC_FLAT32
+    return reinterpret_cast<const kvc_i64*>(canary + (kvc_u64)(unsigned)s * (unsigned)stride);
+#else
+    return kvc_record(canary, s, stride);
+#endif
+}
+
 // T(x) of a table value, as a step keeps its slots.
 __device__ __forceinline__ kvc_vt_slot kvc_vt_slot_of(const KvcTableParams& t, kvc_i64 x) {
     return (kvc_vt_slot)kvc_lut_translate<KVC_HAS_LUT>(t, x);
@@ -194,10 +211,10 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         const kvc_vt_slot s = en.slot[u];
         own[u] = (kvc_vt_uslot)s - 1 < (kvc_vt_uslot)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
-        if (own[u]) kvc_load_record_ro(canary, s, stride, vec16, tok[u], spos[u], hash[u], rkv[u]);
+        if (own[u]) kvc_load_record_at(kvc_vt_record(canary, s, stride), vec16, tok[u], spos[u], hash[u], rkv[u]);
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
         if (kvc::kVtEarlyLoads && !en.nb[u] && en.prev[u] > kvc::TOKEN_TO_KV_SLOT_PADDING && en.prev[u] < num_slots) {
-            const kvc_i64* pr = kvc_record(canary, en.prev[u], stride);
+            const kvc_i64* pr = kvc_vt_record(canary, en.prev[u], stride);
             p_hash[u] = __ldg(pr + kvc::FIELD_PREV_HASH);
             p_tok[u] = __ldg(pr + kvc::FIELD_TOKEN);
             p_pos[u] = __ldg(pr + kvc::FIELD_POSITION);
@@ -227,7 +244,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
             if (kvc::kVtEarlyLoads) {
                 pred = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
             } else {
-                const kvc_i64* pr = kvc_record(canary, prev, stride);
+                const kvc_i64* pr = kvc_vt_record(canary, prev, stride);
                 pred = (kvc_i64)kvc_record_hash(__ldg(pr + kvc::FIELD_PREV_HASH), __ldg(pr + kvc::FIELD_TOKEN),
                                                 __ldg(pr + kvc::FIELD_POSITION));
             }
@@ -366,9 +383,12 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
         }
         // Rows past bs have no entries, so their offsets equal the tile total and no search selects them.
-        kvc_i64 tile_total;
-        const kvc_i64 off = kvc_block_exclusive_sum(len, scratch, tile_total);
-        s_off[tid] = (kvc_vt_idx)off;
+        // (In the flat32 modules a tile's sums fit an int: scanned in 32 bits, half the shuffles.)
+        kvc_vt_idx tile_sum;
+        const kvc_vt_idx off =
+            kvc_block_exclusive_sum((kvc_vt_idx)len, reinterpret_cast<kvc_vt_idx*>(scratch), tile_sum);
+        const kvc_i64 tile_total = tile_sum;
+        s_off[tid] = off;
         if (r < b.bs) {
             const int i = (int)(r - s_walk[5]);  // == tid, as above
             s_pos0[i] = (kvc_vt_idx)(ws - off);

@@ -29,7 +29,7 @@ def test_every_anchor_is_in_the_kernel_once_and_gets_its_store():
     assert "if (base >= hi) break;" not in out
     assert len(out) > len(src)
     with pytest.raises(ValueError, match="anchor"):
-        tl.instrumented_source(src.replace("        s_off[tid] = (kvc_vt_idx)off;", "        s_off[tid]  = (kvc_vt_idx)off;"))
+        tl.instrumented_source(src.replace("        s_off[tid] = off;", "        s_off[tid]  = off;"))
 
 
 def _row(table: str, name: str) -> list[float]:

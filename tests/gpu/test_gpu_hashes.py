@@ -1,0 +1,53 @@
+"""The hashes as the verify's modules compile them on the GPU, against the CPU reference (SPEC §3).
+
+The 32-bit verify modules (``KVC_FLAT32``) define ``KVC_MUL3``: ``kvc_mul64`` in ``common.cuh`` is then inline PTX (a
+32 x 32 -> 64-bit multiply and two multiply-adds), which neither the host compile of the helpers nor the emulated
+kernels run (they take the plain multiply). Here a probe kernel appended to each kind of module's exact source
+computes ``kvc_mul64`` of random pairs and ``kvc_mix3`` of random triples, compared with NumPy's wrapping multiply and
+``kvcanary.ops.reference.hashing.mix3``; SPEC's known answer for the anchor is checked too.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcanary.consts import ANCHOR_HASH
+from kvcanary.ops.cuda import specs
+from kvcanary.ops.reference.hashing import mix3
+from support.gpu_util import rng_for
+
+_PROBE = r"""
+extern "C" __global__ void kvc_probe_hashes(const unsigned long long* a, const unsigned long long* b,
+                                            const unsigned long long* c, unsigned long long* mul,
+                                            unsigned long long* mixed, unsigned long long* anchor, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        mul[i] = kvc_mul64(a[i], b[i]);
+        mixed[i] = kvc_mix3(a[i], b[i], c[i]);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) *anchor = kvc_anchor_hash();
+}
+"""
+
+
+@pytest.mark.parametrize("flat32", [False, True], ids=["vt64", "flat32"])
+def test_device_hashes_match_the_reference(cuda_ready, flat32):
+    import cupy as cp
+
+    src = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1,
+                         flat32=flat32).source()
+    assert ("#define KVC_MUL3 1" in src) == flat32
+    fn = cp.RawModule(code=src + _PROBE, options=specs.NVRTC_OPTIONS).get_function("kvc_probe_hashes")
+    rng = rng_for("device-hashes", flat32)
+    n = 1 << 16
+    host = [rng.integers(0, 2**64, size=n, dtype=np.uint64) for _ in range(3)]
+    host[0][:4] = [0, 1, 2**32 - 1, 2**64 - 1]  # carries across the word boundary
+    host[1][:4] = [2**64 - 1, 2**32 + 1, 2**32 - 1, 2**64 - 1]
+    a, b, c = (cp.asarray(x) for x in host)
+    mul, mixed = cp.full(n, 7, dtype=cp.uint64), cp.full(n, 7, dtype=cp.uint64)
+    anchor = cp.zeros(1, dtype=cp.uint64)
+    fn((64,), (256,), (a, b, c, mul, mixed, anchor, np.int64(n)))
+    with np.errstate(over="ignore"):
+        np.testing.assert_array_equal(cp.asnumpy(mul), host[0] * host[1])
+    np.testing.assert_array_equal(cp.asnumpy(mixed), mix3(*host))
+    assert int(anchor.get()[0]) == ANCHOR_HASH
