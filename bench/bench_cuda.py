@@ -114,6 +114,19 @@ VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "verify_table
 
 
 @contextlib.contextmanager
+def modules_seen():
+    """Within the block, the ``flat32`` flag of every verify-from-table module launched is appended to the list it
+    yields."""
+    seen: list[bool] = []
+    real = cuda_verify_table.function
+    cuda_verify_table.function = lambda *a: seen.append(bool(a[-1])) or real(*a)
+    try:
+        yield seen
+    finally:
+        cuda_verify_table.function = real
+
+
+@contextlib.contextmanager
 def flat32_modules(on: bool = True):
     """Within the block the verify from the table takes its 32-bit modules where they apply (``verify_table_32``,
     ``verify_table_kv_32``: timed beside the shipped choice in one run until the switch's default is settled)."""
@@ -677,13 +690,15 @@ class Case:
         # is idempotent here).
         for flat32 in (False, True):
             name = "verify_table_32" if flat32 else "verify_table"
-            with flat32_modules(flat32):
+            with flat32_modules(flat32), modules_seen() as seen:
                 if L >= 1:
                     self.reset_log()
                     self.verify_table(prefix_lens=torch.full_like(self.step_prefix, L))
                     torch.cuda.synchronize()
                     out.append(Check(f"{name} all positions", self.violations() == 0,
                                      f"violations={self.violations()}"))
+                    # the timed rows are named for the modules they ran
+                    out.append(Check(f"{name} modules", seen == [flat32], f"flat32 flags of the launches: {seen}"))
                 if L >= 2:
                     self.reset_log()
                     victim = int(self.slots[bs // 2, L // 2 - 1].item())
