@@ -17,7 +17,7 @@ Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` ne
 Ops (``--ops``; verify ops only where there is a prefix): ``plan``, ``verify``, ``write``, ``scatter`` (the
 SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / ``write_table`` (the plan-free ops,
 one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch), ``verify_table_32`` /
-``verify_table_kv_32`` (the same on the verify's 32-bit modules, ``kvcanary.ops.cuda.verify_table.FLAT32``) and
+``verify_table_kv_32`` (the same on the verify's 32-bit modules, ``kvcanary.ops.cuda.specs.FLAT32``) and
 ``gather_floor``
 (not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
 plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
@@ -90,6 +90,7 @@ from kvcanary import (
     allocate_canary_buffer,
     allocate_chain_position_flag,
 )
+from kvcanary.ops.cuda import specs as kernel_specs
 from kvcanary.ops.cuda import verify_table as cuda_verify_table
 
 SHAPES = {
@@ -130,12 +131,12 @@ def modules_seen():
 def flat32_modules(on: bool = True):
     """Within the block the verify from the table takes its 32-bit modules where they apply (``verify_table_32``,
     ``verify_table_kv_32``: timed beside the shipped choice in one run until the switch's default is settled)."""
-    was = cuda_verify_table.FLAT32
-    cuda_verify_table.FLAT32 = on
+    was = kernel_specs.FLAT32
+    kernel_specs.FLAT32 = on
     try:
         yield
     finally:
-        cuda_verify_table.FLAT32 = was
+        kernel_specs.FLAT32 = was
 
 # The floor of the plan-free verify's memory traffic on this GPU (not kvcanary ops). gather_floor reads the same
 # table entries and the same 32-byte records (and, with real KV, the same first 16 bytes of each slot's KV row)

@@ -49,7 +49,7 @@ KERNELS = {
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV")],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
-                                     flat32=B.cuda_verify_table.FLAT32)),
+                                     flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
                      ("KVC_WT_SPREAD",)],
@@ -97,9 +97,9 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--flat32", action="store_true",
-                    help="verify_table: time its 32-bit modules (kvcanary.ops.cuda.verify_table.FLAT32)")
+                    help="verify_table: time its 32-bit modules (kvcanary.ops.cuda.specs.FLAT32)")
     args = ap.parse_args(argv)
-    B.cuda_verify_table.FLAT32 = args.flat32
+    B.kernel_specs.FLAT32 = args.flat32
     if not torch.cuda.is_available():
         print("tune_geometry: no CUDA device", file=sys.stderr)
         return 2

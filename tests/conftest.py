@@ -41,8 +41,8 @@ def gen() -> torch.Generator:
 @pytest.fixture(params=[False, True], ids=["vt64", "flat32"])
 def vt_flat32(request, monkeypatch) -> bool:
     """The CUDA verify from the table with its 64-bit modules only, and with its 32-bit ones taken where they apply
-    (a per-position table: ``kvcanary.ops.cuda.verify_table.FLAT32``). Used by the emulated and the GPU tests."""
-    from kvcanary.ops.cuda import verify_table
+    (a per-position table: ``kvcanary.ops.cuda.specs.FLAT32``). Used by the emulated and the GPU tests."""
+    from kvcanary.ops.cuda import specs
 
-    monkeypatch.setattr(verify_table, "FLAT32", request.param)
+    monkeypatch.setattr(specs, "FLAT32", request.param)
     return request.param

@@ -188,6 +188,7 @@ def test_verify_table_32_bit_modules_on_a_batch_of_more_than_2_to_the_31_entries
     before it narrows it to an int). The table is slot 0 (skipped) but for isolated planted slots, spread over
     every row and crowded into the last two (whose entries straddle or start past 2**31); a fifth store a wrong position. The
     32-bit modules report exactly what the 64-bit ones report: one POSITION_MISMATCH row per bad slot."""
+    from kvcanary.ops.cuda import specs
     from kvcanary.ops.cuda import verify_table as cuda_vt
     from kvcanary.ops.cuda.specs import int_define
 
@@ -219,7 +220,7 @@ def test_verify_table_32_bit_modules_on_a_batch_of_more_than_2_to_the_31_entries
     monkeypatch.setattr(cuda_vt, "function", lambda *a: flags.append(a[-1]) or real(*a))
     out = []
     for flat32 in (False, True):
-        monkeypatch.setattr(cuda_vt, "FLAT32", flat32)
+        monkeypatch.setattr(specs, "FLAT32", flat32)
         c = to_device(case, "cuda")
         kc.launch_canary_verify_from_table(contexts=(c.context(),), req_pool_indices=req_pool_indices,
                                            prefix_lens=prefix_lens, req_to_token=table)

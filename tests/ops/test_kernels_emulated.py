@@ -143,7 +143,7 @@ def test_flat32_modules_are_taken_only_within_their_bounds(monkeypatch):
 
     grid = Grid(528, 256)
     fits = cuda_verify_table.flat32_fits
-    monkeypatch.setattr(cuda_verify_table, "FLAT32", True)
+    monkeypatch.setattr(specs, "FLAT32", True)
     assert fits(table(max_len), (ctx(), ctx(num_slots=max_slots, stride=48)), grid)
     assert not fits(table(max_len + 1), (ctx(),), grid)
     assert not fits(table(64, paged=True), (ctx(),), grid)
@@ -152,7 +152,7 @@ def test_flat32_modules_are_taken_only_within_their_bounds(monkeypatch):
     assert not fits(table(64), (ctx(), ctx(ptr=0x7F0000001008)), grid)
     assert fits(table(64), (ctx(),), Grid(2**24 // 256 - 1, 256))
     assert not fits(table(64), (ctx(),), Grid(2**24 // 256, 256))
-    monkeypatch.setattr(cuda_verify_table, "FLAT32", False)
+    monkeypatch.setattr(specs, "FLAT32", False)
     assert not fits(table(64), (ctx(),), grid)
 
 

@@ -301,7 +301,8 @@ def test_option_model_matches_installed_cupy(monkeypatch):
 
 def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
     # warmup() hands the loader each spec's flags; the loader rebuilds the spec from them (no GPU needed to check
-    # that every spec, the integer-valued ones included, comes back as itself).
+    # that every spec, the integer-valued ones included, comes back as itself). It loads what the launchers can
+    # take: the verify's 24 32-bit modules only while specs.FLAT32 is on.
     from kvcanary.ops.cuda import loader
 
     seen = []
@@ -312,6 +313,11 @@ def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
     monkeypatch.setattr(loader, "function", fake_function)
     monkeypatch.setattr(loader, "_device_index", lambda device: 0)
     monkeypatch.setattr(loader, "sm_count", lambda index: 132)
-    n = loader.warmup(0)
-    want = [(s, name) for s in _ALL_SPECS for name in s.entry_points]
-    assert n == len(want) and seen == want
+    flat = [s for s in _ALL_SPECS if s.family == "verify_table" and dict(s.defines)["KVC_FLAT32"] == "1"]
+    assert len(flat) == 24
+    for on in (True, False):
+        monkeypatch.setattr(kspecs, "FLAT32", on)
+        seen.clear()
+        n = loader.warmup(0)
+        want = [(s, name) for s in _ALL_SPECS if on or s not in flat for name in s.entry_points]
+        assert n == len(want) and seen == want

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvcanary.errors import invalid
 from kvcanary.ops.cuda.grids import sm_count
-from kvcanary.ops.cuda.specs import NVRTC_OPTIONS, KernelSpec, all_specs, family_flags, spec_for
+from kvcanary.ops.cuda.specs import NVRTC_OPTIONS, KernelSpec, all_specs, family_flags, in_use, spec_for
 from kvcanary.ops.interop import import_cupy
 
 _lock = threading.Lock()
@@ -108,14 +108,15 @@ def _device_index(device: Any) -> int:
 
 
 def warmup(device: Any = None) -> int:
-    """Compile and load every kernel specialization on ``device`` (default: the current CUDA device).
+    """Compile and load every kernel specialization the launchers can take (:func:`~kvcanary.ops.cuda.specs.in_use`)
+    on ``device`` (default: the current CUDA device).
 
     Call it before capturing CUDA graphs that contain kvcanary launches. Returns the number of kernels
     loaded. ``device`` may be an int, ``"cuda"``/``"cuda:N"``, a ``torch.device`` or a ``cupy.cuda.Device``.
     """
     index = _device_index(device)
     n = 0
-    for spec in all_specs():
+    for spec in filter(in_use, all_specs()):
         for name in spec.entry_points:
             function(index, spec.family, name, *spec.flags)
             n += 1

@@ -142,6 +142,14 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
+# Whether the verify's 32-bit modules (verify_table's flat32 specializations) are in use: the launchers take them
+# where they fit (kvcanary.ops.cuda.verify_table.flat32_fits) and warmup() compiles them. Off until they are timed
+# on a GPU: they pass the emulated kernel tests on the CPU and are shorter than the 64-bit modules (A NONE: a clean
+# 64-entry step 302 instructions against 407; the module 2,248 instructions and 54 registers against 2,856 and 62;
+# nvcc 13.0, sm_90), but have not run on a GPU yet. The GPU tests run both kinds and bench/bench_cuda.py times both
+# in one run (docs/BENCHMARKS.md). A prepared canary step reads it when it first sees a table.
+FLAT32 = False
+
 # Integer parameters: name -> the values compiled. ``contexts``: a verify or write from the table of one buffer or
 # of a K/V pair compiles only that many contexts' code (measured on an H200, A decode write in a graph 5.2 -> 4.7 us
 # with one context against the code for four), with each context's parameters at fixed offsets; 3 or 4 contexts
@@ -195,6 +203,12 @@ def spec_for(family: str, **flags: bool | int) -> KernelSpec:
         raise ValueError(f"kv-canary: kernel family {family!r} takes flags {names}, got {tuple(sorted(flags))}")
     defines = tuple((_define_name(n), _define_value(n, flags[n])) for n in names)
     return KernelSpec(family, source_file, defines, entry_points)
+
+
+def in_use(spec: KernelSpec) -> bool:
+    """Whether a launcher can take ``spec``: every spec but the verify's 32-bit modules while :data:`FLAT32` is off
+    (what :func:`kvcanary.warmup` compiles)."""
+    return FLAT32 or spec.family != "verify_table" or not dict(zip(family_flags(spec.family), spec.flags))["flat32"]
 
 
 @cache

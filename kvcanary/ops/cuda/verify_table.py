@@ -3,7 +3,8 @@
 CPU twin: :mod:`kvcanary.ops.reference.verify_table`. One launch serves up to ``params.MAX_CONTEXTS`` contexts
 (the table is walked once for all of them); a longer tuple is split into several launches. The grid is fixed
 by the SM count, the batch is read on the device: no host sync, no allocation (once the contexts' real-KV
-descriptor tables exist: see :mod:`kvcanary.ops.cuda.launch`), capturable in a CUDA graph.
+descriptor tables exist: see :mod:`kvcanary.ops.cuda.launch`), capturable in a CUDA graph. A launch takes the
+kernel's 32-bit modules where :func:`flat32_fits` says so (only while ``specs.FLAT32`` is on).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcanary.ops.cuda import params as P
+from kvcanary.ops.cuda import specs
 from kvcanary.ops.cuda.grids import Grid, sm_count, verify_table_grid
 from kvcanary.ops.cuda.launch import (
     batch_words,
@@ -25,20 +27,13 @@ from kvcanary.ops.cuda.loader import function
 from kvcanary.ops.cuda.specs import contexts_spec, int_define
 from kvcanary.ops.launches import ContextViews, TableViews, VerifyTableLaunch
 
-# Whether launches take verify_table.cu's 32-bit modules (KVC_FLAT32) where they apply (flat32_fits). Off until
-# they are timed on a GPU: they pass the emulated kernel tests on the CPU and are shorter than the 64-bit modules
-# (A NONE: a clean 64-entry step 302 instructions against 407; the module 2,248 instructions and 54 registers against
-# 2,856 and 62; nvcc 13.0, sm_90), but have not run on a GPU yet. The GPU tests run both kinds, and bench/bench_cuda.py times both in one run (verify_table_32,
-# docs/BENCHMARKS.md). A prepared canary step reads it when it first sees a table.
-FLAT32 = False
-
 
 def flat32_fits(table: TableViews, contexts: tuple[ContextViews, ...], grid: Grid) -> bool:
-    """Whether a launch over ``table`` for ``contexts`` on ``grid`` takes the 32-bit modules: :data:`FLAT32` is set,
+    """Whether a launch over ``table`` for ``contexts`` on ``grid`` takes the 32-bit modules: ``specs.FLAT32`` is set,
     the table is per-position with rows of at most ``KVC_VT_FLAT32_MAX_SEQ_LEN`` positions, every context's slots
     and record stride are at most ``KVC_VT_FLAT32_MAX_SLOTS`` and its records 16-byte aligned (buffer address and
     stride), and the grid has fewer than 2**24 threads (what ``kernels_cu/verify_table.cu`` relies on there)."""
-    if not FLAT32 or table.paged:
+    if not specs.FLAT32 or table.paged:
         return False
     most = int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SLOTS")
     return (table.array.shape[1] <= int_define("verify_table.cu", "KVC_VT_FLAT32_MAX_SEQ_LEN")
