@@ -148,13 +148,36 @@ typedef kvc_u64 kvc_vt_uslot;
 // Whether the table is a block table (never in the flat32 modules, so their code for it compiles away).
 __device__ __forceinline__ bool kvc_vt_paged(const KvcTableParams& t) { return !KVC_FLAT32 && t.paged; }
 
-// A per-position table's int at tile-local entry idx of a row whose origin is cell0 (s_cell0): the 64-bit modules
-// keep the origin as a table index, the flat32 ones as the address of the row's cell for tile-local entry 0.
-__device__ __forceinline__ const int* kvc_vt_cell_ptr(const KvcTableParams& t, kvc_i64 cell0, kvc_vt_idx idx) {
+// A row's table cells from its origin cell0 (s_cell0), for tile-local entry idx at position p: the 64-bit modules
+// keep the origin as a table index and use common.cuh's rules (kvc_table_cell_at, kvc_table_raw_flat,
+// kvc_table_rt_at); the flat32 ones (a per-position table) keep the address of the row's cell for tile-local entry 0.
+__device__ __forceinline__ KvcTableCell kvc_vt_cell(const KvcTableParams& t, kvc_i64 cell0, kvc_vt_idx idx,
+                                                    kvc_vt_idx p) {
 #if KVC_FLAT32
-    return reinterpret_cast<const int*>(cell0) + idx;
+    KvcTableCell c;
+    c.at = reinterpret_cast<const int*>(cell0) + idx;
+    c.rem = 0;
+    return c;
 #else
-    return t.table + (cell0 + idx);
+    return kvc_table_cell_at(t, cell0, idx, p);
+#endif
+}
+
+// The int of a per-position table's cell (loaded, not yet converted: kvc_table_raw_flat).
+__device__ __forceinline__ int kvc_vt_raw(const KvcTableParams& t, kvc_i64 cell0, kvc_vt_idx idx) {
+#if KVC_FLAT32
+    return __ldg(kvc_vt_cell(t, cell0, idx, 0).at);
+#else
+    return kvc_table_raw_flat(t, cell0, idx);
+#endif
+}
+
+// RT at tile-local entry idx, position p, load included (kvc_table_rt_at).
+__device__ __forceinline__ kvc_i64 kvc_vt_rt(const KvcTableParams& t, kvc_i64 cell0, kvc_vt_idx idx, kvc_vt_idx p) {
+#if KVC_FLAT32
+    return kvc_vt_raw(t, cell0, idx);
+#else
+    return kvc_table_rt_at(t, cell0, idx, p);
 #endif
 }
 
@@ -481,27 +504,21 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                     const kvc_i64 cell0 = s_cell0[row];
                     en.pos[u] = pos;
                     if (!kvc::kVtEarlyLoads) {
-                        if (kvc_vt_paged(t)) en.slot[u] = kvc_vt_slot_of(t, kvc_table_rt_at(t, cell0, el, pos));
-                        else raw[u] = __ldg(kvc_vt_cell_ptr(t, cell0, el));
+                        if (kvc_vt_paged(t)) en.slot[u] = kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el, pos));
+                        else raw[u] = kvc_vt_raw(t, cell0, el);
                     }
                     // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
                     // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
                     // predecessor (windows do not restart the chain); position 0 is a chain head.
                     en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
                     if (kvc::kVtEarlyLoads) {
-                        if (kvc_vt_paged(t)) {
-                            cell[u] = kvc_table_cell_at(t, cell0, el, pos);
-                        } else {
-                            cell[u].at = kvc_vt_cell_ptr(t, cell0, el);
-                            cell[u].rem = 0;
-                        }
+                        cell[u] = kvc_vt_cell(t, cell0, el, pos);
                         look[u] = !en.nb[u] && pos > 0;
                         if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
                         if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
                     } else if (!en.nb[u]) {
-                        en.prev[u] = pos <= 0 ? (kvc_vt_slot)kvc::NO_SLOT
-                            : kvc_vt_slot_of(t, kvc_vt_paged(t) ? kvc_table_rt_at(t, cell0, el - 1, pos - 1)
-                                                                : (kvc_i64)__ldg(kvc_vt_cell_ptr(t, cell0, el - 1)));
+                        en.prev[u] = pos > 0 ? kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
+                                             : (kvc_vt_slot)kvc::NO_SLOT;
                     }
 #if KVC_CHECK_TOKEN
                     const kvc_i64 q = pos + b.token_offset;
