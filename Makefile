@@ -6,7 +6,7 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: demo demo-transformers test lint setup bench-cpu clean
+.PHONY: demo demo-transformers test lint setup bench-cpu gpu-wheels clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,12 @@ test: lint
 
 bench-cpu: setup
 	$(VPY) bench/bench_reference.py
+
+# The wheel tests/gpu/run_all.sh installs on a device machine, which has no network: the transformers version the
+# integration is pinned to (.venv has it from pyproject.toml's test extra). Carry .whl/ with the device call.
+gpu-wheels: setup
+	v=$$($(VPY) -c "import importlib.metadata as m; print(m.version('transformers'))") && \
+	$(VPY) -m pip download -q --no-deps -d .whl "transformers==$$v"
 
 clean:
 	rm -rf $(VENV) build *.egg-info
