@@ -172,8 +172,9 @@ def make_table_batch(
 
     ``bad_blocks`` block ids inside used prefixes are replaced by out-of-range or negative ids (both table
     forms alike). Padding rows use ``pad_row``; invalid rows use indices outside ``[0, max_reqs)`` or a prefix
-    beyond ``max_seq_len``. ``extend_cycle`` gives the active rows' extend lengths in turn instead of random ones
-    (a boundary the kernels branch on, for certain). ``shuffle=False`` keeps the batch in order: the active rows
+    beyond ``max_seq_len``. Random extend lengths are in ``[-1, max_extend]``, at least one of them positive;
+    ``extend_cycle`` gives the active rows' extend lengths in turn instead (a boundary the kernels branch on, for
+    certain). ``shuffle=False`` keeps the batch in order: the active rows
     (``extend_cycle``'s order), then the padding rows, then the invalid ones (rows placed in the kernels' tiles).
     """
     max_seq_len = max_blocks * block_size
@@ -186,11 +187,12 @@ def make_table_batch(
     block_table = np.full((max_reqs, max_blocks), -1, np.int32)
     tokens = rng.integers(0, 1 << 31, (max_reqs, max_seq_len)).astype(np.int64)
     prefix, extend = {}, {}
+    if extend_cycle is None:
+        exts = [int(rng.integers(-1, max_extend + 1)) if rng.random() < 0.9 else 0 for _ in active]
+        if max_extend > 0 and max(exts) <= 0:  # some active row writes, so every write test has tokens to check
+            exts[int(rng.integers(0, n_active))] = int(rng.integers(1, max_extend + 1))
     for i, rp in enumerate(active):
-        if extend_cycle is not None:
-            ext = extend_cycle[i % len(extend_cycle)]
-        else:
-            ext = int(rng.integers(-1, max_extend + 1)) if rng.random() < 0.9 else 0
+        ext = extend_cycle[i % len(extend_cycle)] if extend_cycle is not None else exts[i]
         pre = int(rng.integers(0, max_seq_len - max(ext, 0) + 1))
         prefix[rp], extend[rp] = pre, ext
         shared = 0
@@ -437,9 +439,10 @@ class WriteTokens:
 def make_write_tokens(rng: np.random.Generator, batch: TableBatch, *, assert_on: bool = False, tail: int = 3,
                       short: int = 0, skip: float = 0.05, out_of_range: float = 0.03, misplaced: float = 0.05) -> WriteTokens:
     """The flattened new tokens of the batch (request by request, active rows only, ``max(extend, 0)`` each):
-    ``out_cache_loc`` is the slot the table gives for the position (a share set to -1 or out of range),
-    positions follow the prefix (a share off by a few), then ``tail`` garbage tokens; ``short`` drops the last
-    tokens so that a request's range runs past the arrays."""
+    ``out_cache_loc`` is the slot the table gives for the position (a share set to -1 or out of range; with
+    ``out_of_range`` > 0 at least one token of a request inside the arrays, so a write always reports a row and a
+    differential test always compares some), positions follow the prefix (a share off by a few), then ``tail``
+    garbage tokens; ``short`` drops the last tokens so that a request's range runs past the arrays."""
     rows = batch.active_rows()
     rps = batch.req_pool_indices.numpy()[rows]
     pre = batch.prefix_lens.numpy()[rows]
@@ -463,7 +466,11 @@ def make_write_tokens(rng: np.random.Generator, batch: TableBatch, *, assert_on:
     if n:
         k = rng.random(n)
         loc_a[:n][k < skip] = -1
-        loc_a[:n][(k >= skip) & (k < skip + out_of_range)] = batch.num_slots + rng.integers(0, 1 << 20)
+        oor = (k >= skip) & (k < skip + out_of_range)
+        inside = np.flatnonzero(np.cumsum(wl)[req] <= n - short)  # tokens of requests that stay inside the arrays
+        if out_of_range > 0 and len(inside) and not oor[inside].any():
+            oor[rng.choice(inside)] = True
+        loc_a[:n][oor] = batch.num_slots + rng.integers(0, 1 << 20)
         m = rng.random(n) < misplaced
         pos_a[:n][m] += rng.integers(1, 4, int(m.sum()))
         if assert_on:
