@@ -271,7 +271,8 @@ def use_kernels_dir(path) -> None:
     from kvcanary.ops.cuda import grids, launch, loader, specs
 
     specs.kernels_dir = lambda d=path: d  # type: ignore[assignment]
-    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid):
+    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid,
+               grids.write_table_decode_rows):
         fn.cache_clear()
     loader._modules.clear()
     loader._kernels.clear()

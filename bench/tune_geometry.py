@@ -9,10 +9,12 @@ Usage (on a CUDA machine, from the repository root)::
 
 ``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxB`` sets ``U`` entries per thread per step
 and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``).
-``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
-blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
-``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
-``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxD`` sets ``T`` threads per block,
+``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
+``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``D`` (0: the full
+grid for every batch; else a decode batch runs on ceil(rows / D) blocks) (``KVC_WT_THREADS``,
+``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``,
+``KVC_WT_DECODE_ROWS_PER_BLOCK``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
 defines, and the launchers read the grid from the same copy, so a variant is what the library would run.
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
 
@@ -52,28 +54,49 @@ KERNELS = {
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
-                     ("KVC_WT_SPREAD",)],
-                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1", "write_table",
+                     ("KVC_WT_SPREAD",), ("KVC_WT_DECODE_ROWS_PER_BLOCK",)],
+                    "shipped,256x1x4x1x1x256,256x1x4x1x1x128,256x1x4x1x1x64,256x1x4x1x1x32,256x1x4x1x0x0,"
+                    "128x2x4x1x1x0,512x1x2x1x1x0", "write_table",
                     lambda kv: dict(input_assert=False, has_real_kv=kv, contexts=1)),
 }
 _original: list[Path] = []
+
+
+def parse_variants(kernel: str, text: str) -> list[tuple[int, ...]]:
+    """``"shipped,2x4,..."`` as value tuples (``()`` for the source as it is), each of the kernel's length."""
+    variants = []
+    for v in text.split(","):
+        v = v.strip().lower()
+        values = () if v == "shipped" else tuple(int(x) for x in v.split("x"))
+        if values and len(values) != len(KERNELS[kernel][2]):
+            raise ValueError(f"{v!r} needs {len(KERNELS[kernel][2])} numbers for {kernel}")
+        variants.append(values)
+    return variants
+
+
+def variant_source(kernel: str, values: tuple[int, ...], text: str) -> str:
+    """``text`` (the kernel's source file) with the variant's defines."""
+    _, _, defines, *_ = KERNELS[kernel]
+    if len(values) != len(defines):
+        raise ValueError(f"a {kernel} variant has {len(defines)} numbers, got {values}")
+    for names, value in zip(defines, values):
+        for name in names:
+            text, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
+            if n != 1:
+                raise ValueError(f"{KERNELS[kernel][0]} has {n} lines '#define {name} <int>', not one")
+    return text
 
 
 def use_variant(kernel: str, values: tuple[int, ...], work: Path) -> None:
     """A copy of kernels_cu/ with the variant's defines, made the library's kernel source; caches cleared."""
     if not _original:
         _original.append(specs.kernels_dir())
-    source, _, defines, *_ = KERNELS[kernel]
+    source = KERNELS[kernel][0]
     dst = work / ("shipped" if not values else "_".join(map(str, values)))
     if not dst.exists():
         shutil.copytree(_original[0], dst)
         f = dst / source
-        text = f.read_text()
-        for names, value in zip(defines, values):
-            for name in names:
-                text, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
-                assert n == 1, name
-        f.write_text(text)
+        f.write_text(variant_source(kernel, values, f.read_text()))
     B.use_kernels_dir(dst)
 
 
@@ -104,18 +127,15 @@ def main(argv=None) -> int:
         print("tune_geometry: no CUDA device", file=sys.stderr)
         return 2
     kernel = args.kernel
-    _, _, defines, default_variants, method, _ = KERNELS[kernel]
+    _, _, _, default_variants, method, _ = KERNELS[kernel]
     is_write = kernel == "write_table"
     shapes = args.shapes or ("A,B,D" if is_write else "A,B")
     layouts = args.layouts or ("shuffled" if is_write else "shuffled,contiguous")
     dev = torch.device("cuda", torch.cuda.current_device())
-    variants: list[tuple[int, ...]] = []
-    for v in (args.variants or default_variants).split(","):
-        v = v.strip().lower()
-        values = () if v == "shipped" else tuple(int(x) for x in v.split("x"))
-        if values and len(values) != len(defines):
-            ap.error(f"--variants: {v!r} needs {len(defines)} numbers for {kernel}")
-        variants.append(values)
+    try:
+        variants = parse_variants(kernel, args.variants or default_variants)
+    except ValueError as e:
+        ap.error(f"--variants: {e}")
     timer = B.Timer(dev)
     modes = [RealKvHashMode[m.strip().upper()] for m in args.modes.split(",")]
     combos = [(s.strip().upper(), lay.strip(), m) for s in shapes.split(",") for lay in layouts.split(",")
@@ -156,7 +176,8 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
-    head = ("entries/thread x blocks/SM" if not is_write else "threads x blocks/SM x rows/thread x block stamps x spread")
+    head = ("entries/thread x blocks/SM" if not is_write
+            else "threads x blocks/SM x rows/thread x block stamps x spread x decode rows/block")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",
              f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)

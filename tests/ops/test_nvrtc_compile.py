@@ -321,3 +321,49 @@ def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
         n = loader.warmup(0)
         want = [(s, name) for s in _ALL_SPECS if on or s not in flat for name in s.entry_points]
         assert n == len(want) and seen == want
+
+
+def test_tune_geometry_default_variants_compile_clean(nvrtc, monkeypatch, tmp_path):
+    """Every default variant of bench/tune_geometry.py (a device-only sweep) sets each of its defines once and
+    compiles, one specialization each (no real KV, one context), so a sweep does not die on the device. Spills are
+    allowed (some variants cap the registers low; the sweep reports them), any other warning is not."""
+    import shutil
+    import sys
+    from pathlib import Path
+
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        import tune_geometry as tg
+    finally:
+        sys.path.remove(bench)
+    compiled = 0
+    try:
+        for kernel, (source, _, defines, variants, _, flags) in tg.KERNELS.items():
+            for values in tg.parse_variants(kernel, variants):
+                if not values:
+                    continue
+                dst = tmp_path / f"{kernel}_{'_'.join(map(str, values))}"
+                shutil.copytree(kspecs.kernels_dir(), dst)
+                text = tg.variant_source(kernel, values, (dst / source).read_text())
+                assert [int(re.search(rf"^#define {n} (\d+)", text, re.M).group(1)) for names in defines
+                        for n in names] == [v for names, v in zip(defines, values) for _ in names]
+                (dst / source).write_text(text)
+                monkeypatch.setattr(kspecs, "kernels_dir", lambda d=dst: d)
+                kspecs._file_source.cache_clear()
+                kspecs.int_define.cache_clear()
+                spec = kspecs.spec_for(kernel, **flags(False))
+                opts = cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), "90") + list(REPORT_OPTIONS)
+                res = compile_nvrtc(nvrtc, spec.source(), source, opts)
+                other = [d for d in res.diagnostics if "Registers are spilled" not in d]
+                assert res.ok and res.cubin_bytes > 0 and not other, f"{kernel} {values}\n{res.log}"
+                compiled += 1
+    finally:
+        monkeypatch.undo()
+        kspecs._file_source.cache_clear()
+        kspecs.int_define.cache_clear()
+    assert compiled >= 10
+    with pytest.raises(ValueError, match="needs 6 numbers"):
+        tg.parse_variants("write_table", "shipped,256x1x4x1x1")
+    with pytest.raises(ValueError, match="has 0 lines '#define KVC_WT_THREADS <int>'"):
+        tg.variant_source("write_table", (256, 1, 4, 1, 1, 0), "#define KVC_WT_THREAD 256\n")
