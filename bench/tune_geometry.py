@@ -14,8 +14,9 @@ and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, `
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``D`` (0: the full
 grid for every batch; else a decode batch runs on ceil(rows / D) blocks) (``KVC_WT_THREADS``,
 ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``,
-``KVC_WT_DECODE_ROWS_PER_BLOCK``). ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those
-defines, and the launchers read the grid from the same copy, so a variant is what the library would run.
+``KVC_WT_DECODE_ROWS_PER_BLOCK``). ``shipped`` is the source as it is. Each variant compiles a copy of
+``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so a variant is what the
+library would run (the CPU suite compiles every default variant: tests/ops/test_nvrtc_compile.py).
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
