@@ -76,8 +76,10 @@ def parse_variants(kernel: str, text: str) -> list[tuple[int, ...]]:
 
 
 def variant_source(kernel: str, values: tuple[int, ...], text: str) -> str:
-    """``text`` (the kernel's source file) with the variant's defines."""
+    """``text`` (the kernel's source file) with the variant's defines (``()``, ``shipped``: as it is)."""
     _, _, defines, *_ = KERNELS[kernel]
+    if not values:
+        return text
     if len(values) != len(defines):
         raise ValueError(f"a {kernel} variant has {len(defines)} numbers, got {values}")
     for names, value in zip(defines, values):
