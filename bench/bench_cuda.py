@@ -16,8 +16,9 @@ Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` ne
 
 Ops (``--ops``; verify ops only where there is a prefix): ``plan``, ``verify``, ``write``, ``scatter`` (the
 SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / ``write_table`` (the plan-free ops,
-one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch), ``verify_table_32`` /
-``verify_table_kv_32`` (the same on the verify's 32-bit modules, ``kvcanary.ops.cuda.specs.FLAT32``) and
+one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch; both take the verify's 32-bit
+modules where they apply, ``kvcanary.ops.cuda.specs.FLAT32``), ``verify_table_64`` / ``verify_table_kv_64`` (the
+same on its 64-bit modules only, as shipped before 2026-12-05) and
 ``gather_floor``
 (not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
 plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
@@ -102,15 +103,15 @@ SHAPES = {
 # Bytes per unit of work (see the module docstring): nominal for the SGLang-named ops, the byte minimum for the
 # plan-free verify (its PARTIAL share added per mode below); the plan-free write is latency-bound (not counted).
 BYTES_PER_UNIT = {"plan": 36, "verify": 88, "write": 56, "scatter": 12, "verify_table": 36, "verify_table_kv": 68,
-                  "verify_table_32": 36, "verify_table_kv_32": 68, "gather_floor": 36, "gather_floor_kv": 68,
+                  "verify_table_64": 36, "verify_table_kv_64": 68, "gather_floor": 36, "gather_floor_kv": 68,
                   "check_floor": 36, "random_reads": 32}
-PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "verify_table_32": 32, "verify_table_kv_32": 64,
+PARTIAL_BYTES_PER_UNIT = {"verify_table": 32, "verify_table_kv": 64, "verify_table_64": 32, "verify_table_kv_64": 64,
                           "gather_floor": 32, "gather_floor_kv": 64, "random_reads": 32}
-ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "verify_table_32",
-           "verify_table_kv_32", "write_table", "gather_floor", "gather_floor_kv", "check_floor", "random_reads",
+ALL_OPS = ("plan", "verify", "write", "scatter", "verify_table", "verify_table_kv", "verify_table_64",
+           "verify_table_kv_64", "write_table", "gather_floor", "gather_floor_kv", "check_floor", "random_reads",
            "write_floor")
 DEFAULT_OPS = tuple(op for op in ALL_OPS if op != "scatter")
-VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "verify_table_32", "verify_table_kv_32",
+VERIFY_OPS = ("plan", "verify", "verify_table", "verify_table_kv", "verify_table_64", "verify_table_kv_64",
               "gather_floor", "gather_floor_kv", "check_floor", "random_reads")
 
 
@@ -129,8 +130,8 @@ def modules_seen():
 
 @contextlib.contextmanager
 def flat32_modules(on: bool = True):
-    """Within the block the verify from the table takes its 32-bit modules where they apply (``verify_table_32``,
-    ``verify_table_kv_32``: timed beside the shipped choice in one run until the switch's default is settled)."""
+    """Within the block the verify from the table takes its 32-bit modules where they apply (``on``, as shipped) or
+    only its 64-bit ones (``verify_table_64``, ``verify_table_kv_64``: timed beside the shipped choice in one run)."""
     was = kernel_specs.FLAT32
     kernel_specs.FLAT32 = on
     try:
@@ -271,8 +272,7 @@ def use_kernels_dir(path) -> None:
     from kvcanary.ops.cuda import grids, launch, loader, specs
 
     specs.kernels_dir = lambda d=path: d  # type: ignore[assignment]
-    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid,
-               grids.write_table_decode_rows):
+    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid):
         fn.cache_clear()
     loader._modules.clear()
     loader._kernels.clear()
@@ -606,12 +606,12 @@ class Case:
     def verify_table_kv(self):
         self.verify_table(contexts=(self.ctx, self.ctx_v))
 
-    def verify_table_32(self):
-        with flat32_modules(True):
+    def verify_table_64(self):
+        with flat32_modules(False):
             self.verify_table()
 
-    def verify_table_kv_32(self):
-        with flat32_modules(True):
+    def verify_table_kv_64(self):
+        with flat32_modules(False):
             self.verify_table_kv()
 
     def write_table(self):
@@ -691,7 +691,7 @@ class Case:
         # catches the same flipped token, and the plan-free write stamps exactly what the two-pass write stamped (it
         # is idempotent here).
         for flat32 in (False, True):
-            name = "verify_table_32" if flat32 else "verify_table"
+            name = "verify_table" if flat32 else "verify_table_64"
             with flat32_modules(flat32), modules_seen() as seen:
                 if L >= 1:
                     self.reset_log()
@@ -862,8 +862,8 @@ def main(argv=None) -> int:
             "verify": (case.verify, case.bs * case.prefix),
             "verify_table": (case.verify_table, case.bs * case.prefix),
             "verify_table_kv": (case.verify_table_kv, case.bs * case.prefix),
-            "verify_table_32": (case.verify_table_32, case.bs * case.prefix),
-            "verify_table_kv_32": (case.verify_table_kv_32, case.bs * case.prefix),
+            "verify_table_64": (case.verify_table_64, case.bs * case.prefix),
+            "verify_table_kv_64": (case.verify_table_kv_64, case.bs * case.prefix),
             "write": (case.write, case.bs * case.extend),
             "write_table": (case.write_table, case.bs * case.extend),
             # (the floors pick their fastest geometry first, so they are built only when wanted)

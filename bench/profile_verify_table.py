@@ -12,7 +12,7 @@ Usage (on a CUDA machine, from the repository root)::
 
 Builds the case of ``bench/bench_cuda.py`` (``--shape``, real-KV NONE, shuffled slots; its prefix stamped first,
 with two launches of the plan-based write) and launches ``--op`` three times (one buffer): ``verify_table``
-(default), ``verify_table_32`` (the same on the verify's 32-bit modules), ``write_table`` or ``write`` (the
+(default; its 32-bit modules), ``verify_table_64`` (the same on the verify's 64-bit modules only), ``write_table`` or ``write`` (the
 plan-based decode write, after one plan).
 """
 
@@ -33,7 +33,7 @@ from kvcanary import RealKvHashMode
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="B")
-    ap.add_argument("--op", default="verify_table", choices=("verify_table", "verify_table_32", "write_table", "write"))
+    ap.add_argument("--op", default="verify_table", choices=("verify_table", "verify_table_64", "write_table", "write"))
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     case = Case(args.shape, RealKvHashMode.NONE, "shuffled", dev, seed=0)

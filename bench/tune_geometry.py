@@ -9,12 +9,11 @@ Usage (on a CUDA machine, from the repository root)::
 
 ``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxB`` sets ``U`` entries per thread per step
 and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``).
-``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxD`` sets ``T`` threads per block,
-``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
-``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``D`` (0: the full
-grid for every batch; else a decode batch runs on ceil(rows / D) blocks) (``KVC_WT_THREADS``,
-``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``,
-``KVC_WT_DECODE_ROWS_PER_BLOCK``). ``shipped`` is the source as it is. Each variant compiles a copy of
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
+blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
+``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
+``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the
+source as it is. Each variant compiles a copy of
 ``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so a variant is what the
 library would run (the CPU suite compiles every default variant: tests/ops/test_nvrtc_compile.py).
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
@@ -55,9 +54,8 @@ KERNELS = {
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
-                     ("KVC_WT_SPREAD",), ("KVC_WT_DECODE_ROWS_PER_BLOCK",)],
-                    "shipped,256x1x4x1x1x256,256x1x4x1x1x128,256x1x4x1x1x64,256x1x4x1x1x32,256x1x4x1x0x0,"
-                    "128x2x4x1x1x0,512x1x2x1x1x0", "write_table",
+                     ("KVC_WT_SPREAD",)],
+                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1", "write_table",
                     lambda kv: dict(input_assert=False, has_real_kv=kv, contexts=1)),
 }
 _original: list[Path] = []
@@ -180,7 +178,7 @@ def main(argv=None) -> int:
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
     head = ("entries/thread x blocks/SM" if not is_write
-            else "threads x blocks/SM x rows/thread x block stamps x spread x decode rows/block")
+            else "threads x blocks/SM x rows/thread x block stamps x spread")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",
              f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)

@@ -6,7 +6,7 @@
 // device descriptor table of any number of sources), KVC_CONTEXTS (1, 2 or 4: the most contexts a launch passes;
 // the context loop is unrolled that far, as in write_table.cu, so each context's parameters are read from fixed
 // constant-bank offsets, not through a register index; fewer registers with fewer contexts), KVC_FLAT32 (32-bit
-// tile indices and, without a LUT, slots: see KVC_VT_FLAT32_MAX_SEQ_LEN below; off by default until timed). One
+// tile indices and, without a LUT, slots: see KVC_VT_FLAT32_MAX_SEQ_LEN below; taken wherever they apply). One
 // parameter: KvcVerifyTableParams, with 1 to KVC_CONTEXTS contexts that share the table (K and V of a group: the
 // table is walked once for all).
 //
@@ -32,12 +32,13 @@
 // PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
 // the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
 // done once; each context adds its record (and KV) reads.
-// Numbers (H200, docs/BENCHMARKS.md, 2026-12-04): B NONE shuffled (8.4 M entries) runs within 5 % of a bare kernel
-// that reads the same table entries and records and checks nothing (230 against 220 us; random 32-byte records
-// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.5 us eager, 17.1 us in a graph, 7.9 warp
-// instructions per entry (Nsight Compute; 14.4 with the earlier distribution, where blocks took 512-entry chunks
-// round-robin and lane 0 of every warp looked up its predecessor at every step); B NONE contiguous 108.5 us
-// (178 before).
+// Numbers (H200, docs/BENCHMARKS.md, 2026-12-04 and, for the 32-bit modules, 2026-12-05): B NONE shuffled (8.4 M
+// entries) runs within 5 % of a bare kernel that reads the same table entries and records and checks nothing (229
+// against 220 us; random 32-byte records cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.3 us eager,
+// 15.9 us in a graph with the 32-bit modules (17.0 with the 64-bit ones, 7.9 warp instructions per entry by Nsight
+// Compute; 14.4 with the earlier distribution, where blocks took 512-entry chunks round-robin and lane 0 of every
+// warp looked up its predecessor at every step); B NONE contiguous 98.3 us (108.2 with the 64-bit modules, 178
+// before).
 // The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
 // the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,

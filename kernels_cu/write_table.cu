@@ -29,10 +29,8 @@
 // With more than one row per thread, a tile is first checked for one token per row without the scan
 // (kvc_wt_decode_rows: coalesced row loads and one compare per row; the block's own rows, r mod G == block, one
 // per thread, written by its first threads); only when the check fails does the scan above run.
-// The grid is fixed by the SM count (or, with KVC_WT_DECODE_ROWS_PER_BLOCK, by the row count of a batch with no
-// more tokens than rows; never by the data); the counts are read on the device, and any grid size is correct. A
-// decode batch of up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one barrier,
-// then the stores.
+// The grid is fixed by the SM count (never by the batch); the counts are read on the device. A decode batch of
+// up to kvc::kWtRowItems * KVC_WT_THREADS rows is one tile: one round of row loads, one barrier, then the stores.
 //
 // Counters: per context kernel_run_counter += 1 (block 0) and slot_run_counter += the stamped slots (one atomic
 // per block, KVC_WT_BLOCK_STAMPS; per stamping warp, with no barrier, when every tile's rows had one token);
@@ -63,12 +61,6 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // Which warp writes short request r: 1: block r mod G, its warp (r / G) mod W (a decode batch spread over every
 // SM); 0: warp r mod (G * W) of the grid in block order (the first blocks' warps first).
 #define KVC_WT_SPREAD 1
-// The grid of a decode batch (no more tokens than rows, so the launcher knows it from the arrays' lengths): 0: the
-// full grid above, as for every batch; D > 0: ceil(rows / D) blocks when that is fewer, so that a decode batch's
-// blocks are few and each writes up to D rows of its own (every block still reads every row). Not timed yet: the
-// bare decode write (bench_cuda.py's write_floor) runs on a few blocks, this kernel on one per SM. At most
-// KVC_WT_THREADS, so that a decode tile's own rows fit one per thread (kvc_wt_decode_rows).
-#define KVC_WT_DECODE_ROWS_PER_BLOCK 0
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -79,8 +71,6 @@ constexpr int kWtRowItems = KVC_WT_ROW_ITEMS;
 constexpr int kWtRows = kWtRowItems * KVC_WT_THREADS;  // rows per tile
 static_assert(kWtWarps * kWarpSize == KVC_WT_THREADS, "whole warps");
 static_assert(KVC_WT_THREADS >= kWriteWorkerBase + kWtTile, "a worker per tile token");
-static_assert(KVC_WT_DECODE_ROWS_PER_BLOCK >= 0 && KVC_WT_DECODE_ROWS_PER_BLOCK <= KVC_WT_THREADS,
-              "a decode tile's own rows, one per thread");
 }  // namespace kvc
 
 // The fingerprint of a covered slot from a descriptor table of n >= 1 sources. Not inlined: the write reaches it

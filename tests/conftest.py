@@ -46,20 +46,3 @@ def vt_flat32(request, monkeypatch) -> bool:
 
     monkeypatch.setattr(specs, "FLAT32", request.param)
     return request.param
-
-
-@pytest.fixture
-def wt_decode_rows(monkeypatch):
-    """``set(d)``: launch the plan-free write as if ``write_table.cu`` had ``KVC_WT_DECODE_ROWS_PER_BLOCK`` d (the
-    kernel does not read it; only the launchers' grid for a decode batch changes)."""
-    from kvcanary.ops.cuda import grids
-
-    real = grids.int_define
-
-    def set_rows(d: int) -> None:
-        monkeypatch.setattr(grids, "int_define",
-                            lambda f, name: d if name == "KVC_WT_DECODE_ROWS_PER_BLOCK" else real(f, name))
-        grids.write_table_decode_rows.cache_clear()
-
-    yield set_rows
-    grids.write_table_decode_rows.cache_clear()

@@ -277,10 +277,10 @@ if has_part ncu; then
         "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
             --launch-count 1 --section SpeedOfLight --section WarpStateStats "${INST[@]}" \
             "$PY" bench/profile_verify_table.py --shape A >> "$OUT/ncu.log" 2>&1 || rc=1
-        # The same on the verify's 32-bit modules (kvcanary.ops.cuda.specs.FLAT32): instructions per entry.
+        # The same on the verify's 64-bit modules only (kvcanary.ops.cuda.specs.FLAT32 off): instructions per entry.
         "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
             --launch-count 1 --section SpeedOfLight --section WarpStateStats "${INST[@]}" \
-            "$PY" bench/profile_verify_table.py --shape A --op verify_table_32 >> "$OUT/ncu.log" 2>&1 || rc=1
+            "$PY" bench/profile_verify_table.py --shape A --op verify_table_64 >> "$OUT/ncu.log" 2>&1 || rc=1
         # The decode writes at A: the plan-free write against the plan-based one.
         "$NCU" --clock-control none -k regex:kvc_write_from_table --launch-skip 2 --launch-count 1 \
             --section SpeedOfLight --section WarpStateStats --section LaunchStats --section Occupancy "${INST[@]}" \

@@ -329,40 +329,6 @@ def test_write_table_decode_batches(cuda_ready, rows, n_contexts, mode, assert_o
     assert written > n_contexts * n // 2  # every context stamped most rows' tokens
 
 
-@pytest.mark.parametrize("decode_rows, rows, padded, mode", [
-    (256, 256, False, Mode.NONE), (32, 256, True, Mode.PARTIAL), (128, 1000, True, Mode.NONE),
-    (256, 1000, False, Mode.PARTIAL), (64, 2500, False, Mode.NONE)])
-def test_write_table_decode_grid(cuda_ready, wt_decode_rows, monkeypatch, decode_rows, rows, padded, mode):
-    """With KVC_WT_DECODE_ROWS_PER_BLOCK = D (0 as shipped; bench/tune_geometry.py times it), a decode batch runs on
-    ceil(rows / D) blocks, at most the full grid, and writes what the reference writes: one block (256 rows), 1 to 4
-    rows per thread, several tiles (2500)."""
-    from kvcanary.ops.cuda import grids
-    from kvcanary.ops.cuda import write_table as cuda_write_table
-
-    wt_decode_rows(decode_rows)
-    launched = []
-    real_launch = cuda_write_table.launch
-
-    def spy(fn, blocks, *args):
-        launched.append(blocks)
-        return real_launch(fn, blocks, *args)
-
-    monkeypatch.setattr(cuda_write_table, "launch", spy)
-    rng = rng_for("write_table-decode-grid", decode_rows, rows, padded)
-    n = size(rows, min(rows, 300))
-    b, cases = setup(rng, block_size=16, window=0, pad_row=-1, n_contexts=2, n_active=n, max_blocks=8,
-                     extend_cycle=(1,), n_padding=max(2, n // 50) if padded else 0,
-                     n_invalid=max(2, n // 60) if padded else 0, shuffle=padded,
-                     n_sources=0 if mode == Mode.NONE else 2, mode=mode)
-    tokens = make_write_tokens(rng, b, tail=0, out_of_range=0.05, skip=0.05)
-    assert tokens.input_ids.shape[0] <= b.bs  # a decode batch, by the arrays' lengths
-    gpu, rows_compared = run_write_table(b, cases, tokens, paged=False, rng=rng)
-    full = grids.write_table_grid(grids.sm_count(torch.cuda.current_device())).blocks
-    assert launched == [min(full, -(-b.bs // decode_rows))]
-    assert rows_compared > 0
-    assert all(int(g.log.slot_counter[0]) - int(c.log.slot_counter[0]) > n // 2 for g, c in zip(gpu, cases))
-
-
 @pytest.mark.parametrize("rows, extend_cycle, n_invalid, n_contexts, mode", [
     (256, (1,), 0, 1, Mode.NONE), (1024, (1,), 0, 2, Mode.PARTIAL), (2500, (1,) * 1024 + (3, 1), 2, 1, Mode.NONE),
     (2100, (3, 1) + (1,) * 2098, 0, 2, Mode.PARTIAL)])

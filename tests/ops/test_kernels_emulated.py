@@ -356,36 +356,6 @@ def test_write_table_emulated_two_and_three_rows_per_thread(emu, n_active):
     assert 256 < b.bs <= 1024 and int(b.extend_seq_lens.max()) == 33
 
 
-@pytest.mark.parametrize("decode_rows, sms, n_active, n_invalid, extend_cycle, blocks", [
-    (128, 8, 300, 0, (1,), 3),          # ceil(300 / 128): two rows per thread, the check without the scan
-    (32, 16, 200, 4, (1,), 7),          # ceil(204 / 32): one row per thread, invalid rows (the scan)
-    (256, 8, 1100, 0, (1,), 5),         # two tiles of 1,024 rows, the check with every block's own rows
-    (256, 4, 1100, 0, (1,), 4),         # ceil(1100 / 256) = 5: the full grid of 4
-    (1, 3, 40, 6, (1, 0, 0), 3),        # fewer tokens than rows, D = 1: the full grid of 3
-    (64, 8, 200, 0, (1, 2), 8),         # more tokens than rows: not a decode batch, the full grid
-])
-def test_write_table_emulated_decode_grid(monkeypatch, wt_decode_rows, decode_rows, sms, n_active, n_invalid,
-                                          extend_cycle, blocks):
-    """With KVC_WT_DECODE_ROWS_PER_BLOCK = D, a batch with no more tokens than rows runs on ceil(rows / D) blocks
-    (at most the full grid) and writes what the reference writes; a batch with more tokens runs on the full grid."""
-    wt_decode_rows(decode_rows)
-    rng = rng_for("emu-write_table-decode-grid", decode_rows, sms, n_active)
-    b = make_table_batch(rng, block_size=4, extend_cycle=extend_cycle, n_active=n_active, n_padding=0,
-                         n_invalid=n_invalid, max_reqs=n_active + 4, max_blocks=6, pad_row=-1, shuffle=False)
-    cases = make_canary_cases(rng, b.num_slots, 2, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b, 2),
-                              stride=32, flag=1)
-    for c in cases:
-        stamp_batch(rng, c, b, corrupt=0.2)
-    tokens = make_write_tokens(rng, b, tail=0, out_of_range=0.05)
-    assert (tokens.input_ids.shape[0] <= b.bs) == (extend_cycle != (1, 2))
-    with emulated_cuda(monkeypatch, sms=sms) as emu:
-        ref, got = _run(emu, kc.launch_canary_write_from_table,
-                        lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
-                                       **s[2].kwargs()), (b, cases, tokens))
-        assert emu.launched == [("kvc_write_from_table", blocks, 256)]
-    assert _compare(ref[1], got[1]) > 0
-
-
 @pytest.mark.parametrize("sms, n_contexts, mode, window, assert_on, n_active, n_other", [
     (3, 1, Mode.NONE, 0, False, 40, 9), (3, 2, Mode.PARTIAL, 7, True, 40, 9), (1, 5, Mode.ALL, 0, True, 40, 9),
     (2, 1, Mode.NONE, 0, True, 300, 9), (3, 2, Mode.NONE, 0, True, 40, 0), (2, 1, Mode.NONE, 0, False, 900, 0),

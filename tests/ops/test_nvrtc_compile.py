@@ -363,7 +363,9 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, monkeypatch, tmp_pa
         kspecs._file_source.cache_clear()
         kspecs.int_define.cache_clear()
     assert compiled >= 10
-    with pytest.raises(ValueError, match="needs 6 numbers"):
-        tg.parse_variants("write_table", "shipped,256x1x4x1x1")
+    assert tg.parse_variants("write_table", "shipped, 256x1x4x1x0") == [(), (256, 1, 4, 1, 0)]
+    assert tg.variant_source("write_table", (), "#define KVC_WT_THREADS 256\n") == "#define KVC_WT_THREADS 256\n"
+    with pytest.raises(ValueError, match="needs 5 numbers"):
+        tg.parse_variants("write_table", "shipped,256x1x4x1")
     with pytest.raises(ValueError, match="has 0 lines '#define KVC_WT_THREADS <int>'"):
-        tg.variant_source("write_table", (256, 1, 4, 1, 1, 0), "#define KVC_WT_THREAD 256\n")
+        tg.variant_source("write_table", (256, 1, 4, 1, 1), "#define KVC_WT_THREAD 256\n")

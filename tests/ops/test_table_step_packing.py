@@ -113,12 +113,8 @@ def step_arguments(swa: bool, expected: bool):
     return c, seen
 
 
-@pytest.mark.parametrize("swa, expected, decode_rows", [(False, False, 0), (True, True, 0), (True, False, 0),
-                                                        (False, False, 1), (True, True, 2)])
-def test_prepared_launches_pack_the_bytes_of_the_record_path(no_cupy, wt_decode_rows, swa, expected, decode_rows):
-    """``decode_rows``: KVC_WT_DECODE_ROWS_PER_BLOCK as the launchers see it; the step's batch (3 rows, 2 tokens) is a
-    decode batch, so with it both paths launch the write on ceil(3 / decode_rows) blocks, not 132."""
-    wt_decode_rows(decode_rows)
+@pytest.mark.parametrize("swa, expected", [(False, False), (True, True), (True, False)])
+def test_prepared_launches_pack_the_bytes_of_the_record_path(no_cupy, swa, expected):
     c, seen = step_arguments(swa, expected)
     assert len(seen) == 2 * 2 * len(c.groups)  # (head, tail) x (verify, write) x groups
     for kind, kw in seen:
@@ -135,8 +131,6 @@ def test_prepared_launches_pack_the_bytes_of_the_record_path(no_cupy, wt_decode_
             WT.write_from_table(WriteTableLaunch(device=dev, contexts=ctxs, invalid_rows=None, **record))
         fast, slow = no_cupy.calls[-2], no_cupy.calls[-1]
         assert fast[:3] == slow[:3], (kind, fast[:3], slow[:3])  # same kernel specialization and grid
-        if kind == "write":  # one block per SM (KVC_WT_BLOCKS_PER_SM) unless the decode grid is on
-            assert fast[1] == (-(-3 // decode_rows) if decode_rows else 132), fast[1]
         assert fast[3] == slow[3], kind                           # the same struct, byte for byte
         words = np.frombuffer(fast[3], dtype="<i8")
         assert len(words) == (P.VERIFY_TABLE if kind == "verify" else P.WRITE_TABLE).words
@@ -160,19 +154,3 @@ def test_arg_buffer_holds_the_packed_words():
     import ctypes
 
     assert ctypes.c_void_p.from_address(buf.params_addr).value == ctypes.addressof(buf.words)
-
-
-def test_write_grid_of_a_decode_batch(wt_decode_rows):
-    """KVC_WT_DECODE_ROWS_PER_BLOCK = D: a batch with no more tokens than rows gets ceil(rows / D) blocks, at least
-    1 and at most the full grid; any other batch, or D = 0 (as shipped), the full grid."""
-    from kvcanary.ops.cuda.grids import Grid, write_table_blocks
-
-    full = Grid(132, 256)
-    wt_decode_rows(0)
-    assert [write_table_blocks(full, r, n) for r, n in ((256, 256), (1, 0), (0, 0), (10**6, 10))] == [132] * 4
-    wt_decode_rows(32)
-    cases = {(256, 256): 8, (257, 256): 9, (256, 257): 132, (1, 1): 1, (0, 0): 1, (4224, 4224): 132,
-             (4225, 100): 132, (4191, 4191): 131, (300, 0): 10}
-    assert {k: write_table_blocks(full, *k) for k in cases} == cases
-    wt_decode_rows(256)
-    assert write_table_blocks(full, 1024, 1024) == 4 and write_table_blocks(Grid(3, 256), 1024, 1024) == 3

@@ -1,10 +1,9 @@
 """Launch geometry of every CUDA kernel, in one place.
 
 Threads per block and blocks per SM come from the kernel sources' ``#define``s (the kernels are compiled
-with the same values); the number of blocks is fixed by the *capacities* and the device's SM count (and, for the
-plan-free write's decode grid, by the batch arrays' lengths), never by a batch's contents, so one grid serves
-every batch of a capacity and a captured CUDA graph stays valid. The kernels read their active counts on the
-device and stride over the rest.
+with the same values); the number of blocks is fixed by the *capacities* and the device's SM count, never
+by a batch's contents, so one grid serves every batch of a capacity and a captured CUDA graph stays valid.
+The kernels read their active counts on the device and stride over the rest.
 
 The launchers in this package and :class:`kvcanary.CanaryPlanner` (which reports the grids it will get)
 both use these functions (cached: a launch looks its grid up). Importing this module does not import CuPy.
@@ -77,26 +76,10 @@ def verify_table_grid(has_real_kv: bool, sms: int) -> Grid:
 
 @cache
 def write_table_grid(sms: int) -> Grid:
-    """Plan-free write (SPEC §12): this many blocks per SM (short requests go to the grid's warps, long ones to its
-    blocks); :func:`write_table_blocks` may launch fewer for a decode batch."""
+    """Plan-free write (SPEC §12): this many blocks per SM whatever the batch (short requests go to the grid's
+    warps, long ones to its blocks)."""
     return Grid(max(1, int_define("write_table.cu", "KVC_WT_BLOCKS_PER_SM") * sms),
                 int_define("write_table.cu", "KVC_WT_THREADS"))
-
-
-@cache
-def write_table_decode_rows() -> int:
-    """``KVC_WT_DECODE_ROWS_PER_BLOCK`` of ``write_table.cu``: 0, or the rows per block of a decode batch's grid."""
-    return int_define("write_table.cu", "KVC_WT_DECODE_ROWS_PER_BLOCK")
-
-
-def write_table_blocks(grid: Grid, rows: int, tokens: int) -> int:
-    """The blocks of a plan-free write of ``rows`` batch rows and ``tokens`` tokens (the arrays' lengths) on ``grid``
-    (:func:`write_table_grid`): all of them; or, for a batch with no more tokens than rows (a decode batch) while
-    ``KVC_WT_DECODE_ROWS_PER_BLOCK`` = D > 0, ceil(rows / D) when that is fewer (at least 1)."""
-    d = write_table_decode_rows()
-    if d == 0 or tokens > rows:
-        return grid.blocks
-    return max(1, min(grid.blocks, -(-rows // d)))
 
 
 @lru_cache(maxsize=1024)

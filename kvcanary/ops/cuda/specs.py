@@ -143,12 +143,12 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 FAMILIES: tuple[str, ...] = tuple(_FAMILIES)
 
 # Whether the verify's 32-bit modules (verify_table's flat32 specializations) are in use: the launchers take them
-# where they fit (kvcanary.ops.cuda.verify_table.flat32_fits) and warmup() compiles them. Off until they are timed
-# on a GPU: they pass the emulated kernel tests on the CPU and are shorter than the 64-bit modules (A NONE: a clean
-# 64-entry step 302 instructions against 407; the module 2,248 instructions and 54 registers against 2,856 and 62;
-# nvcc 13.0, sm_90), but have not run on a GPU yet. The GPU tests run both kinds and bench/bench_cuda.py times both
-# in one run (docs/BENCHMARKS.md). A prepared canary step reads it when it first sees a table.
-FLAT32 = False
+# where they fit (kvcanary.ops.cuda.verify_table.flat32_fits) and warmup() compiles them. On since they were timed
+# (H200, 2026-12-05, docs/BENCHMARKS.md): never slower than the 64-bit modules in any case of bench/bench_cuda.py,
+# A shuffled NONE in a graph 17.04 -> 15.93 us, A contiguous 14.42 -> 12.29, B contiguous 100.2 -> 89.0 (a clean
+# 64-entry step 302 instructions against 407). The GPU tests run both kinds, and bench_cuda.py times the 64-bit
+# modules beside them (verify_table_64). A prepared canary step reads it when it first sees a table.
+FLAT32 = True
 
 # Integer parameters: name -> the values compiled. ``contexts``: a verify or write from the table of one buffer or
 # of a K/V pair compiles only that many contexts' code (measured on an H200, A decode write in a graph 5.2 -> 4.7 us

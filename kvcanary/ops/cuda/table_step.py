@@ -7,8 +7,7 @@ buffers changed).
 
 What is done once, when a canary prepares a (phase, group): the contexts' words (canary buffer, log, counters,
 tag, real-KV descriptor table) are packed into the tail of a reusable argument buffer per kernel, and the grids
-are computed (with ``KVC_WT_DECODE_ROWS_PER_BLOCK`` set, the write's block count per call, from the arrays'
-lengths). Per call: the table, batch (and token) words are packed into the head of that buffer with one
+are computed. Per call: the table, batch (and token) words are packed into the head of that buffer with one
 ``struct.pack_into``, the kernel of the call's specialization is looked up in a small dict, and
 ``cuLaunchKernel`` is called (:func:`kvcanary.ops.cuda.launch.launch_prepared`). The result is byte for byte the
 launch of :func:`kvcanary.ops.cuda.verify_table.verify_from_table` / :func:`~kvcanary.ops.cuda.write_table.
@@ -22,13 +21,7 @@ import struct
 from typing import Any
 
 from kvcanary.ops.cuda import params as P
-from kvcanary.ops.cuda.grids import (
-    sm_count,
-    verify_table_grid,
-    write_table_blocks,
-    write_table_decode_rows,
-    write_table_grid,
-)
+from kvcanary.ops.cuda.grids import sm_count, verify_table_grid, write_table_grid
 from kvcanary.ops.cuda.launch import (
     ArgBuffer,
     _RawStream,
@@ -81,7 +74,6 @@ class CudaTableStep:
         self._w_contexts = contexts_spec(len(write_contexts))
         self._v_grid = verify_table_grid(self._v_real_kv, sms)
         self._w_grid = write_table_grid(sms)
-        self._w_decode_grid = write_table_decode_rows() > 0  # the write's blocks depend on the batch's lengths
         self._v_buf = ArgBuffer(P.VERIFY_TABLE.words)
         self._w_buf = ArgBuffer(P.WRITE_TABLE.words)
         # The contexts' words, packed once into the tail of each buffer.
@@ -146,10 +138,7 @@ class CudaTableStep:
             input_ids.data_ptr(), positions.data_ptr(), out_cache_loc.data_ptr(), _addr(expected_input_tokens),
             _addr(expected_input_positions), input_ids.shape[0],
             len(self.write_contexts))
-        g = self._w_grid
-        blocks = write_table_blocks(g, req_pool_indices.shape[0], input_ids.shape[0]) if self._w_decode_grid \
-            else g.blocks
-        launch_prepared(fn, blocks, g.threads, buf, dev, self._stream(stream))
+        launch_prepared(fn, self._w_grid.blocks, self._w_grid.threads, buf, dev, self._stream(stream))
 
 
 def _addr(a: Any) -> int:

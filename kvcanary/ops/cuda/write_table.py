@@ -1,10 +1,9 @@
 """Plan-free write (SPEC §12) on CUDA: launches ``kvc_write_from_table`` of ``kernels_cu/write_table.cu``.
 
 CPU twin: :mod:`kvcanary.ops.reference.write_table`. One launch serves up to ``params.MAX_CONTEXTS`` contexts
-(each with its own chain); a longer tuple is split into several launches. The grid is fixed by the SM count (and
-the arrays' lengths: :func:`~kvcanary.ops.cuda.grids.write_table_blocks`), the batch is read on the device: no host
-sync, no allocation (once the contexts' real-KV descriptor tables exist: see :mod:`kvcanary.ops.cuda.launch`),
-capturable in a CUDA graph.
+(each with its own chain); a longer tuple is split into several launches. The grid is fixed by the SM count,
+the batch is read on the device: no host sync, no allocation (once the contexts' real-KV descriptor tables
+exist: see :mod:`kvcanary.ops.cuda.launch`), capturable in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvcanary.ops.cuda import params as P
-from kvcanary.ops.cuda.grids import sm_count, write_table_blocks, write_table_grid
+from kvcanary.ops.cuda.grids import sm_count, write_table_grid
 from kvcanary.ops.cuda.launch import (
     batch_words,
     contexts_words,
@@ -48,7 +47,6 @@ def write_from_table(launch_rec: WriteTableLaunch, stream: Any = None) -> None:
         words = P.WRITE_TABLE.pack(**head, num_contexts=len(group), ctx=contexts_words(group, dev, s))
         groups.append((any(folds_real_kv(c) for c in group), contexts_spec(len(group)), words))
     g = write_table_grid(sm_count(dev))
-    blocks = write_table_blocks(g, rec.req_pool_indices.shape[0], rec.input_ids.shape[0])
     for has_real_kv, contexts, words in groups:
         launch(function(dev, "write_table", "kvc_write_from_table", rec.input_assert, has_real_kv, contexts),
-               blocks, g.threads, words, dev, s)
+               g.blocks, g.threads, words, dev, s)
