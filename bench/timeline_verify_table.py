@@ -168,6 +168,7 @@ def timeline(case, timer, replays: int) -> str:
     """The record of the last launch of ``timer.graph``'s ``replays`` timed replays of 20 ``case.verify_table()``
     launches (the instrumented kernel must be the library's source: :func:`bench_cuda.use_kernels_dir`), as a heading
     and a table."""
+    import bench_cuda as bc
     import cupy as cp
 
     from kvcanary.ops.cuda import grids, loader, specs
@@ -177,16 +178,19 @@ def timeline(case, timer, replays: int) -> str:
     assert grid.blocks <= MAX_BLOCKS, grid
     wpb = grid.threads // 32
     case.stamp_prefix()
-    case.verify_table()  # compiles and loads the module
+    with bc.modules_seen() as seen:
+        case.verify_table()  # compiles and loads the module the launcher takes (32-bit where it applies)
     torch.cuda.synchronize()
+    flat32 = seen[-1]
     spec = specs.spec_for("verify_table", has_lut=False, check_token=False, has_real_kv=False, contexts=1,
-                          flat32=False)
+                          flat32=flat32)
     mod = loader._modules[(dev.index or 0, spec.key)]
     us = timer.graph(case.verify_table, runs=replays, reps=20)
     blocks = _read(cp, mod, "kvc_tl_block", MAX_BLOCKS, 8)[:grid.blocks]
     warps = _read(cp, mod, "kvc_tl_warp", MAX_WARPS, 4)[:grid.blocks * wpb]
     close = int(_read(cp, mod, "kvc_tl_close", 1, 1)[0, 0])
-    head = (f"\n## {case.shape} {case.layout} NONE, verify_table, one buffer ({torch.cuda.get_device_name(dev)}; "
+    head = (f"\n## {case.shape} {case.layout} NONE, verify_table ({'32' if flat32 else '64'}-bit modules), one buffer "
+            f"({torch.cuda.get_device_name(dev)}; "
             f"{grid.blocks} blocks x {grid.threads} threads; instrumented, {us:.2f} µs per launch in the graph; "
             f"violations {case.violations()})\n")
     return head + "\n" + report(blocks, warps, close, wpb)
