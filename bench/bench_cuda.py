@@ -16,13 +16,12 @@ Shapes (``bs`` requests, each with ``prefix`` cached positions and ``extend`` ne
 
 Ops (``--ops``; verify ops only where there is a prefix): ``plan``, ``verify``, ``write``, ``scatter`` (the
 SGLang-named ops, one buffer; scatter only when asked for), ``verify_table`` / ``write_table`` (the plan-free ops,
-one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch; both take the verify's 32-bit
-modules where they apply, ``kvcanary.ops.cuda.specs.FLAT32``), ``verify_table_64`` / ``verify_table_kv_64`` (the
-same on its 64-bit modules only, as shipped before 2026-12-05) and
-``gather_floor``
-(not a kvcanary op: a bare kernel that reads the same table entries and records, and real-KV sectors, as the
-plan-free verify of one buffer, in the same order, and checks nothing: the memory floor of that verify on this
-GPU, measured in the same run); ``gather_floor_kv`` (the same of a K and a V buffer: the table once, both
+one buffer), ``verify_table_kv`` (the plan-free verify of a K and a V buffer in one launch; both take the verify's
+32-bit modules where they apply, ``kvcanary.ops.cuda.specs.FLAT32``), ``verify_table_64`` / ``verify_table_kv_64``
+(the same on its 64-bit modules only, as shipped before 2026-12-05) and ``gather_floor`` (not a kvcanary op: a
+bare kernel that reads the same table entries and records, and real-KV sectors, as the plan-free verify of one
+buffer, in the same order, and checks nothing: the memory floor of that verify on this GPU, measured in the same
+run); ``gather_floor_kv`` (the same of a K and a V buffer: the table once, both
 buffers' records: the floor of ``verify_table_kv``); ``check_floor`` (real-KV NONE only; not a kvcanary op: the
 reads of ``gather_floor`` plus the one computation SPEC §7 asks of every entry, the slot's ``slot_hash`` (three
 splitmix64 rounds) handed to the next entry and compared with its stored ``prev_hash``, and the stored position
@@ -129,7 +128,7 @@ def modules_seen():
 
 
 @contextlib.contextmanager
-def flat32_modules(on: bool = True):
+def flat32_modules(on: bool):
     """Within the block the verify from the table takes its 32-bit modules where they apply (``on``, as shipped) or
     only its 64-bit ones (``verify_table_64``, ``verify_table_kv_64``: timed beside the shipped choice in one run)."""
     was = kernel_specs.FLAT32

@@ -12,8 +12,8 @@ Usage (on a CUDA machine, from the repository root)::
 
 Builds the case of ``bench/bench_cuda.py`` (``--shape``, real-KV NONE, shuffled slots; its prefix stamped first,
 with two launches of the plan-based write) and launches ``--op`` three times (one buffer): ``verify_table``
-(default; its 32-bit modules), ``verify_table_64`` (the same on the verify's 64-bit modules only), ``write_table`` or ``write`` (the
-plan-based decode write, after one plan).
+(default; its 32-bit modules), ``verify_table_64`` (the same on the verify's 64-bit modules only), ``write_table``
+or ``write`` (the plan-based decode write, after one plan).
 """
 
 from __future__ import annotations

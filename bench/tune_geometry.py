@@ -13,9 +13,9 @@ and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, `
 blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
 ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the
-source as it is. Each variant compiles a copy of
-``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so a variant is what the
-library would run (the CPU suite compiles every default variant: tests/ops/test_nvrtc_compile.py).
+source as it is. Each variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid
+from the same copy, so a variant is what the library would run (the CPU suite compiles every default variant:
+tests/ops/test_nvrtc_compile.py).
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of

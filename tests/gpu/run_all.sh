@@ -29,8 +29,8 @@
 #                 sweep (writes $OUT/tune_<kernel>.md; TUNE_ARGS, T_TUNE)
 #
 # transformers 5.24.0 (the version the integration is pinned to) is installed from .whl/ when a wheel is there
-# (`make gpu-wheels` downloads it; carry .whl with the call): pip install --no-deps --target /tmp/site, then PYTHONPATH; its GPU tests are part
-# of "tests" and are skipped without it.
+# (`make gpu-wheels` downloads it; carry .whl with the call): pip install --no-deps --target /tmp/site, then
+# PYTHONPATH; its GPU tests are part of "tests" and are skipped without it.
 #
 # Logs in $OUT, one or two per part: tests.log, memcheck.log (and memcheck_pool.log), racecheck.log, bench.log and
 # bench.md, bench_host.log and bench_host.md, bench_transformers.log and bench_transformers.md, ncu.log,

@@ -174,8 +174,8 @@ def make_table_batch(
     forms alike). Padding rows use ``pad_row``; invalid rows use indices outside ``[0, max_reqs)`` or a prefix
     beyond ``max_seq_len``. Random extend lengths are in ``[-1, max_extend]``, at least one of them positive;
     ``extend_cycle`` gives the active rows' extend lengths in turn instead (a boundary the kernels branch on, for
-    certain). ``shuffle=False`` keeps the batch in order: the active rows
-    (``extend_cycle``'s order), then the padding rows, then the invalid ones (rows placed in the kernels' tiles).
+    certain). ``shuffle=False`` keeps the batch in order: the active rows (``extend_cycle``'s order), then the
+    padding rows, then the invalid ones (rows placed in the kernels' tiles).
     """
     max_seq_len = max_blocks * block_size
     rows = [r for r in range(max_reqs) if r != pad_row]
