@@ -7,13 +7,15 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxB`` sets ``U`` entries per thread per step
-and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``).
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxC`` sets ``U`` entries per thread per
+step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``),
+``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``) and ``C`` (1: unpredicated record loads,
+``KVC_VT_LOAD_CLAMPED``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
 blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
-``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). ``shipped`` is the
-source as it is. Each variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid
+``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). A variant may give only
+the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid
 from the same copy, so a variant is what the library would run (the CPU suite compiles every default variant:
 tests/ops/test_nvrtc_compile.py).
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
@@ -48,7 +50,8 @@ KERNELS = {
     # kernel -> (source, entry point, defines a variant sets (in variant order, each define: its names),
     #            default variants, timed Case method, spec flags (NONE, real KV))
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
-                     [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV")],
+                     [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
+                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LOAD_CLAMPED",)],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
@@ -62,13 +65,13 @@ _original: list[Path] = []
 
 
 def parse_variants(kernel: str, text: str) -> list[tuple[int, ...]]:
-    """``"shipped,2x4,..."`` as value tuples (``()`` for the source as it is), each of the kernel's length."""
+    """``"shipped,2x4,..."`` as value tuples (``()`` for the source as it is), each of 1 to the kernel's length."""
     variants = []
     for v in text.split(","):
         v = v.strip().lower()
         values = () if v == "shipped" else tuple(int(x) for x in v.split("x"))
-        if values and len(values) != len(KERNELS[kernel][2]):
-            raise ValueError(f"{v!r} needs {len(KERNELS[kernel][2])} numbers for {kernel}")
+        if values and len(values) > len(KERNELS[kernel][2]):
+            raise ValueError(f"{v!r} has more than {len(KERNELS[kernel][2])} numbers for {kernel}")
         variants.append(values)
     return variants
 
@@ -78,8 +81,8 @@ def variant_source(kernel: str, values: tuple[int, ...], text: str) -> str:
     _, _, defines, *_ = KERNELS[kernel]
     if not values:
         return text
-    if len(values) != len(defines):
-        raise ValueError(f"a {kernel} variant has {len(defines)} numbers, got {values}")
+    if len(values) > len(defines):
+        raise ValueError(f"a {kernel} variant has at most {len(defines)} numbers, got {values}")
     for names, value in zip(defines, values):
         for name in names:
             text, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
@@ -177,7 +180,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
-    head = ("entries/thread x blocks/SM" if not is_write
+    head = ("entries/thread x blocks/SM (x step in row x clamped loads)" if not is_write
             else "threads x blocks/SM x rows/thread x block stamps x spread")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",

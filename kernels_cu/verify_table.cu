@@ -90,6 +90,13 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 #define KVC_VT_UNROLL 2
 #define KVC_VT_BLOCKS_PER_SM_REAL_KV 4
 #define KVC_VT_UNROLL_REAL_KV 1
+// 1: with per-warp ranges (no real KV) and a per-position table, a step whose entries all lie inside one row that
+// began before the step (the steady state of long rows) takes that row's fields once, warp-uniformly, and needs no
+// per-entry row search, shared loads or predecessor test (bench/tune_geometry.py's third number).
+#define KVC_VT_STEP_IN_ROW 0
+// 1: a step's record loads are not predicated: a lane whose slot is not in [1, num_slots) loads slot 0's record
+// (bench/tune_geometry.py's fourth number).
+#define KVC_VT_LOAD_CLAMPED 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -234,8 +241,14 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_vt_slot s = en.slot[u];
         own[u] = (kvc_vt_uslot)s - 1 < (kvc_vt_uslot)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
+#if KVC_VT_LOAD_CLAMPED
+        // Every lane loads a record: slot 0's (inside every buffer) when its own is not in [1, num_slots); those
+        // fields are never used (h is 0, and an out-of-range row takes none of them), so no zeroing, no predicate.
+        kvc_load_record_at(kvc_vt_record(canary, own[u] ? s : 0, stride), vec16, tok[u], spos[u], hash[u], rkv[u]);
+#else
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
         if (own[u]) kvc_load_record_at(kvc_vt_record(canary, s, stride), vec16, tok[u], spos[u], hash[u], rkv[u]);
+#endif
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
         if (kvc::kVtEarlyLoads && !en.nb[u] && en.prev[u] > kvc::TOKEN_TO_KV_SLOT_PADDING && en.prev[u] < num_slots) {
             const kvc_i64* pr = kvc_vt_record(canary, en.prev[u], stride);
@@ -476,6 +489,21 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             const kvc_vt_idx lo = (kvc_vt_idx)ws[0], hi = (kvc_vt_idx)ws[1];
             if (base >= hi) break;
             KvcVtEntries en;
+#if KVC_VT_STEP_IN_ROW
+            // The step inside one row (warp-uniform): after a step of this tile (base > lo), lane 31's row r0 is the
+            // row of entry base - 1, so the row began before this step and every entry's predecessor is lane - 1's
+            // (lane 0's the previous step's last); the step is fast when that row and the warp's range both hold it.
+            bool in_row = false;
+            int r0 = 0;
+            if (kvc::kVtCarry && !kvc_vt_paged(t)) {
+                r0 = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
+                const kvc_vt_idx last = base + (kvc::kVtWarpStep - 1);
+                in_row = base > lo && last < s_off[r0 + 1] && last < hi;
+            }
+#else
+            constexpr bool in_row = false;
+            constexpr int r0 = 0;
+#endif
             // With kVtEarlyLoads: first every entry's row and table cells (its own and, when it looks its
             // predecessor up, the one before), then all the step's table loads back to back, then their values, so
             // the loads' latencies overlap. Otherwise a looked-up predecessor's table value is loaded and used in
@@ -485,47 +513,67 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // Without kVtEarlyLoads and with a per-position table: each entry's table int, loaded in the row loop
             // and turned into its slot after it, so that the step's table loads are in flight together.
             int raw[kvc::kVtUnroll];
+            if (in_row) {
+                const kvc_vt_idx pos0 = s_pos0[r0];
+                const kvc_i64 cell0 = s_cell0[r0];
 #pragma unroll
-            for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
-                en.act[u] = (kvc::kVtCarry || el >= 0) && el < hi;
-                en.nb[u] = false;
-                en.slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;
-                en.prev[u] = en.pos[u] = 0;
-                en.exp_tok[u] = kvc::NO_SLOT;
-                if (kvc::kVtEarlyLoads) {
-                    look[u] = false;
-                    cell[u].at = prev_cell[u].at = t.table;
-                    cell[u].rem = prev_cell[u].rem = 0;
-                }
-                if (en.act[u]) {
-                    const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
-                    hint = row;
-                    const kvc_vt_idx first = s_off[row], pos = el + s_pos0[row];
-                    const kvc_i64 cell0 = s_cell0[row];
-                    en.pos[u] = pos;
-                    if (!kvc::kVtEarlyLoads) {
-                        if (kvc_vt_paged(t)) en.slot[u] = kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el, pos));
-                        else raw[u] = kvc_vt_raw(t, cell0, el);
-                    }
-                    // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
-                    // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
-                    // predecessor (windows do not restart the chain); position 0 is a chain head.
-                    en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
-                    if (kvc::kVtEarlyLoads) {
-                        cell[u] = kvc_vt_cell(t, cell0, el, pos);
-                        look[u] = !en.nb[u] && pos > 0;
-                        if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
-                        if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
-                    } else if (!en.nb[u]) {
-                        en.prev[u] = pos > 0 ? kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
-                                             : (kvc_vt_slot)kvc::NO_SLOT;
-                    }
+                for (int u = 0; u < kvc::kVtUnroll; ++u) {
+                    const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
+                    en.act[u] = en.nb[u] = true;
+                    en.pos[u] = el + pos0;
+                    en.prev[u] = 0;
+                    en.exp_tok[u] = kvc::NO_SLOT;
+                    raw[u] = kvc_vt_raw(t, cell0, el);
 #if KVC_CHECK_TOKEN
-                    const kvc_i64 q = pos + b.token_offset;
-                    if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols))
-                        en.exp_tok[u] = (kvc_i64)b.pool[s_rp[row] * b.pool_cols + q];
+                    const kvc_i64 q = en.pos[u] + b.token_offset;
+                    if (kvc_expected_token_ok(q, s_vlen[r0], b.pool_cols))
+                        en.exp_tok[u] = (kvc_i64)b.pool[s_rp[r0] * b.pool_cols + q];
 #endif
+                }
+                hint = r0;
+            } else {
+#pragma unroll
+                for (int u = 0; u < kvc::kVtUnroll; ++u) {
+                    const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
+                    en.act[u] = (kvc::kVtCarry || el >= 0) && el < hi;
+                    en.nb[u] = false;
+                    en.slot[u] = kvc::TOKEN_TO_KV_SLOT_PADDING;
+                    en.prev[u] = en.pos[u] = 0;
+                    en.exp_tok[u] = kvc::NO_SLOT;
+                    if (kvc::kVtEarlyLoads) {
+                        look[u] = false;
+                        cell[u].at = prev_cell[u].at = t.table;
+                        cell[u].rem = prev_cell[u].rem = 0;
+                    }
+                    if (en.act[u]) {
+                        const int row = kvc_find_row<int>(s_off, kvc::kVtTile, el, hint);
+                        hint = row;
+                        const kvc_vt_idx first = s_off[row], pos = el + s_pos0[row];
+                        const kvc_i64 cell0 = s_cell0[row];
+                        en.pos[u] = pos;
+                        if (!kvc::kVtEarlyLoads) {
+                            if (kvc_vt_paged(t)) en.slot[u] = kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el, pos));
+                            else raw[u] = kvc_vt_raw(t, cell0, el);
+                        }
+                        // Entry el - 1 (this warp's: in [lo, el) with per-warp ranges, in this step otherwise) is this
+                        // entry's predecessor unless el starts the row's entries. A window's first entry keeps its real
+                        // predecessor (windows do not restart the chain); position 0 is a chain head.
+                        en.nb[u] = el > first && (kvc::kVtCarry ? el > lo : u > 0 || lane > 0);
+                        if (kvc::kVtEarlyLoads) {
+                            cell[u] = kvc_vt_cell(t, cell0, el, pos);
+                            look[u] = !en.nb[u] && pos > 0;
+                            if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
+                            if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
+                        } else if (!en.nb[u]) {
+                            en.prev[u] = pos > 0 ? kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
+                                                 : (kvc_vt_slot)kvc::NO_SLOT;
+                        }
+#if KVC_CHECK_TOKEN
+                        const kvc_i64 q = pos + b.token_offset;
+                        if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols))
+                            en.exp_tok[u] = (kvc_i64)b.pool[s_rp[row] * b.pool_cols + q];
+#endif
+                    }
                 }
             }
             if (!kvc::kVtEarlyLoads && !kvc_vt_paged(t)) {

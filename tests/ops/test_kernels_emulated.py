@@ -16,13 +16,17 @@ synchronize more than a GPU does); compute-sanitizer's racecheck on the GPU is t
 
 from __future__ import annotations
 
+import math
+import re
+import shutil
+
 import numpy as np
 import pytest
 import torch
 
 import kvcanary as kc
 from kvcanary import RealKvHashMode as Mode
-from kvcanary.ops.cuda import specs
+from kvcanary.ops.cuda import grids, specs
 from kvcanary.ops.cuda import verify_table as cuda_verify_table
 from support.cuda_emu import build, compiler, emulated_cuda
 from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
@@ -178,6 +182,76 @@ def test_verify_table_emulated_many_rows(emu, vt_flat32, n_active, block_size, m
     assert _compare(ref[1], got[1]) > 0
     assert_same_bytes(ref[2], got[2], "invalid_rows_out")
     assert _flat32_launched(emu) == {vt_flat32 and not paged}
+
+
+@pytest.fixture(params=[0, 1], ids=["rows-searched", "step-in-row"])
+def vt_step_in_row(request, monkeypatch, tmp_path) -> int:
+    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW`` set to the parameter (a copy; the source's own value aside)."""
+    src = tmp_path / "kernels_cu"
+    shutil.copytree(specs.kernels_dir(), src)
+    f = src / "verify_table.cu"
+    text, n = re.subn(r"^#define KVC_VT_STEP_IN_ROW \d+", f"#define KVC_VT_STEP_IN_ROW {request.param}",
+                      f.read_text(), flags=re.M)
+    assert n == 1
+    f.write_text(text)
+    monkeypatch.setattr(specs, "kernels_dir", lambda: src)
+    specs._file_source.cache_clear()
+    specs.int_define.cache_clear()
+    yield request.param
+    specs._file_source.cache_clear()
+    specs.int_define.cache_clear()
+
+
+@pytest.mark.parametrize("n_active, block_size, max_seq_len, window, n_contexts, check_token", [
+    (10, 64, 2048, 0, 1, False), (10, 1, 2048, 1200, 2, True), (10, 16, 2048, 0, 2, True), (300, 16, 128, 0, 1, True),
+])
+def test_verify_table_emulated_steps_inside_rows(emu, vt_flat32, vt_step_in_row, n_active, block_size, max_seq_len,
+                                                 window, n_contexts, check_token):
+    """Long rows over one SM's 32 warps: many of a warp's 64-entry steps (without real KV) lie inside one row that
+    began before the step, which KVC_VT_STEP_IN_ROW takes without a per-entry row search; the others hold a row's
+    start, the start of the warp's range or its end. With a SWA window (entries from the window start, slots
+    through the LUT), expected tokens, two contexts (each carries its own hash across steps) and a fifth of the
+    records corrupted, so violations fall inside such steps. 300 rows are two tiles: a warp's range that began in
+    the first goes on in the second from its tile-local entry 0, so its end there falls anywhere in a step."""
+    rng = rng_for("emu-verify_table-in-row", n_active, block_size, window, n_contexts)
+    b, cases = _setup(rng, block_size=block_size, window=window, pad_row=0, n_contexts=n_contexts, n_sources=0,
+                      mode=Mode.NONE, n_active=n_active, max_blocks=max_seq_len // block_size,
+                      stride=record_stride(rng, aligned=vt_flat32))
+    entries = b.prefix_lens[torch.as_tensor(b.active_rows())].clamp(min=0)
+    assert int((entries.clamp(max=window) if window else entries).sum()) >= 32 * 2 * 64, "few steps per warp"
+    ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                    lambda s: dict(contexts=tuple(c.context() for c in s[1]),
+                                   **s[0].verify_kwargs(False, check_token=check_token)), (b, cases))
+    assert _compare(ref[1], got[1]) > 0
+    assert _flat32_launched(emu) == {vt_flat32}
+
+
+def test_verify_table_emulated_step_in_row_at_a_range_end(emu, vt_flat32, vt_step_in_row):
+    """A warp's range that began in the first tile goes on in the second from tile-local entry 0, so its end there
+    is not a whole number of steps away: a step inside a long row that passes the range end must stop there (the
+    next warp verifies the rest; verified twice, an entry's violation would be logged twice). Built so: 256 rows of
+    one or two entries (273 in all), then long rows whose positions past the allocated blocks are out of range, so
+    the entries at that range end are violations."""
+    rng = rng_for("emu-verify_table-range-end")
+    b = make_table_batch(rng, block_size=16, max_blocks=64, n_active=262, max_reqs=266, n_padding=0, n_invalid=0,
+                         bad_blocks=0, max_extend=1, shuffle=False)
+    b.prefix_lens[:256] = 1
+    b.prefix_lens[:17] = 2
+    b.prefix_lens[256:] = 1024
+    cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, stride=record_stride(rng, aligned=True),
+                              ring_capacity=_ring(b))
+    stamp_batch(rng, cases[0], b, corrupt=0.2)
+    # The warp whose range holds entry 273 (the second tile's first): its tile-local end, hi, must fall inside a
+    # step of its own, inside the first long row.
+    grid = grids.verify_table_grid(False, 1)
+    warps = grid.blocks * grid.threads // 32
+    per = math.ceil(math.ceil(int(b.prefix_lens.sum()) / warps) / 64) * 64  # kvc_vt_ranges: whole 64-entry steps
+    hi = (273 // per + 1) * per - 273
+    assert hi % 64 != 0 and 64 < hi < 1024, (warps, per, hi)
+    ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                    lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(False)), (b, cases))
+    assert _compare(ref[1], got[1]) > 0
+    assert _flat32_launched(emu) == {vt_flat32}
 
 
 @pytest.mark.parametrize("stride", [32, 40])

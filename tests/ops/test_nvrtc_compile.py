@@ -346,7 +346,7 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, monkeypatch, tmp_pa
                 dst = tmp_path / f"{kernel}_{'_'.join(map(str, values))}"
                 shutil.copytree(kspecs.kernels_dir(), dst)
                 text = tg.variant_source(kernel, values, (dst / source).read_text())
-                assert [int(re.search(rf"^#define {n} (\d+)", text, re.M).group(1)) for names in defines
+                assert [int(re.search(rf"^#define {n} (\d+)", text, re.M).group(1)) for names, _ in zip(defines, values)
                         for n in names] == [v for names, v in zip(defines, values) for _ in names]
                 (dst / source).write_text(text)
                 monkeypatch.setattr(kspecs, "kernels_dir", lambda d=dst: d)
@@ -365,7 +365,10 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, monkeypatch, tmp_pa
     assert compiled >= 10
     assert tg.parse_variants("write_table", "shipped, 256x1x4x1x0") == [(), (256, 1, 4, 1, 0)]
     assert tg.variant_source("write_table", (), "#define KVC_WT_THREADS 256\n") == "#define KVC_WT_THREADS 256\n"
-    with pytest.raises(ValueError, match="needs 5 numbers"):
-        tg.parse_variants("write_table", "shipped,256x1x4x1")
+    assert tg.parse_variants("verify_table", "2x4,2x4x1x0") == [(2, 4), (2, 4, 1, 0)]
+    with pytest.raises(ValueError, match="more than 5 numbers"):
+        tg.parse_variants("write_table", "shipped,256x1x4x1x1x1")
+    short = tg.variant_source("write_table", (128,), "#define KVC_WT_THREADS 256\n#define KVC_WT_SPREAD 1\n")
+    assert short == "#define KVC_WT_THREADS 128\n#define KVC_WT_SPREAD 1\n"
     with pytest.raises(ValueError, match="has 0 lines '#define KVC_WT_THREADS <int>'"):
         tg.variant_source("write_table", (256, 1, 4, 1, 1), "#define KVC_WT_THREAD 256\n")
