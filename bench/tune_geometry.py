@@ -9,7 +9,7 @@ Usage (on a CUDA machine, from the repository root)::
 
 ``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxC`` sets ``U`` entries per thread per
 step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``),
-``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``) and ``C`` (1: unpredicated record loads,
+``S`` (1: a step inside one row takes the row once; 2: from registers; ``KVC_VT_STEP_IN_ROW``) and ``C`` (1: unpredicated record loads,
 ``KVC_VT_LOAD_CLAMPED``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
 blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and

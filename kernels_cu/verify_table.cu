@@ -92,7 +92,8 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 #define KVC_VT_UNROLL_REAL_KV 1
 // 1: with per-warp ranges (no real KV) and a per-position table, a step whose entries all lie inside one row that
 // began before the step (the steady state of long rows) takes that row's fields once, warp-uniformly, and needs no
-// per-entry row search, shared loads or predecessor test (bench/tune_geometry.py's third number).
+// per-entry row search, shared loads or predecessor test; 2: the same, that row's fields held in registers from
+// the last step that searched (bench/tune_geometry.py's third number).
 #define KVC_VT_STEP_IN_ROW 0
 // 1: a step's record loads are not predicated: a lane whose slot is not in [1, num_slots) loads slot 0's record
 // (bench/tune_geometry.py's fourth number).
@@ -476,6 +477,13 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             const kvc_i64 e0 = kvc_max64(wr[0], 0);  // warp-uniform (>= 0 already: a clamp the compiler cannot see)
             if (e0 < wr[1]) hint = kvc_vt_warp_find_row<kvc_vt_idx>(s_off, (kvc_vt_idx)e0);
         }
+#if KVC_VT_STEP_IN_ROW == 2
+        // The row of the last searched step's last entry (lane 31's), warp-uniform in registers: its index, its
+        // tile-local end (0 until a step was searched: no step is then inside it), its s_pos0 and s_cell0.
+        int fr_row = 0;
+        kvc_vt_idx fr_end = 0, fr_pos0 = 0;
+        kvc_i64 fr_cell0 = 0;
+#endif
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
         // is lane 31's of u - 1 or, with per-warp ranges, of the warp's previous step (kept in s_warp), so only
         // the warp's first entry in the tile (with grid-strided steps: in the step) and the rows' first entries
@@ -493,12 +501,17 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // The step inside one row (warp-uniform): after a step of this tile (base > lo), lane 31's row r0 is the
             // row of entry base - 1, so the row began before this step and every entry's predecessor is lane - 1's
             // (lane 0's the previous step's last); the step is fast when that row and the warp's range both hold it.
+            // (2: that row's fields are held in registers from the last searched step, fr_*; 1: read afresh.)
             bool in_row = false;
             int r0 = 0;
             if (kvc::kVtCarry && !kvc_vt_paged(t)) {
-                r0 = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
                 const kvc_vt_idx last = base + (kvc::kVtWarpStep - 1);
+#if KVC_VT_STEP_IN_ROW == 2
+                in_row = base > lo && last < fr_end && last < hi;
+#else
+                r0 = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
                 in_row = base > lo && last < s_off[r0 + 1] && last < hi;
+#endif
             }
 #else
             constexpr bool in_row = false;
@@ -514,8 +527,14 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // and turned into its slot after it, so that the step's table loads are in flight together.
             int raw[kvc::kVtUnroll];
             if (in_row) {
+#if KVC_VT_STEP_IN_ROW == 2
+                const kvc_vt_idx pos0 = fr_pos0;
+                const kvc_i64 cell0 = fr_cell0;
+                r0 = fr_row;
+#else
                 const kvc_vt_idx pos0 = s_pos0[r0];
                 const kvc_i64 cell0 = s_cell0[r0];
+#endif
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
@@ -575,6 +594,14 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                     }
                 }
+#if KVC_VT_STEP_IN_ROW == 2
+                if (kvc::kVtCarry && !kvc_vt_paged(t)) {  // warp-uniform
+                    fr_row = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
+                    fr_end = s_off[fr_row + 1];
+                    fr_pos0 = s_pos0[fr_row];
+                    fr_cell0 = s_cell0[fr_row];
+                }
+#endif
             }
             if (!kvc::kVtEarlyLoads && !kvc_vt_paged(t)) {
 #pragma unroll
