@@ -7,10 +7,9 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxC`` sets ``U`` entries per thread per
-step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``),
-``S`` (1: a step inside one row takes the row once; 2: from registers; ``KVC_VT_STEP_IN_ROW``) and ``C`` (1: unpredicated record loads,
-``KVC_VT_LOAD_CLAMPED``).
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxS`` sets ``U`` entries per thread per step
+and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``)
+and ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
 blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
@@ -51,7 +50,7 @@ KERNELS = {
     #            default variants, timed Case method, spec flags (NONE, real KV))
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
-                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LOAD_CLAMPED",)],
+                      ("KVC_VT_STEP_IN_ROW",)],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
@@ -180,7 +179,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
-    head = ("entries/thread x blocks/SM (x step in row x clamped loads)" if not is_write
+    head = ("entries/thread x blocks/SM (x step in row)" if not is_write
             else "threads x blocks/SM x rows/thread x block stamps x spread")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",

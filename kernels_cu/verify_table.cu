@@ -21,8 +21,10 @@
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
 // one comparison; without real KV the first row of a warp's entries in a tile is found by the whole warp in two
 // votes, kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0
-// (published with the tile, so no per-entry rp * cols). So lanes read consecutive table entries (coalesced), the
-// active counts are read on the device, and the ranges are fixed before any entry is read.
+// (published with the tile, so no per-entry rp * cols); without real KV, a step that lies inside the row of the
+// warp's previous step's last entry takes that row's fields once, with no search (KVC_VT_STEP_IN_ROW). So lanes
+// read consecutive table entries (coalesced), the active counts are read on the device, and the ranges are fixed
+// before any entry is read.
 //
 // Bytes per entry (shuffled pool, NONE): 4 B of table (a 128-byte line per 32 lanes) + the slot's 32-byte record;
 // the predecessor's record is the neighbouring entry's: lane l computes slot_hash of its own record and passes it
@@ -92,12 +94,10 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 #define KVC_VT_UNROLL_REAL_KV 1
 // 1: with per-warp ranges (no real KV) and a per-position table, a step whose entries all lie inside one row that
 // began before the step (the steady state of long rows) takes that row's fields once, warp-uniformly, and needs no
-// per-entry row search, shared loads or predecessor test; 2: the same, that row's fields held in registers from
-// the last step that searched (bench/tune_geometry.py's third number).
-#define KVC_VT_STEP_IN_ROW 0
-// 1: a step's record loads are not predicated: a lane whose slot is not in [1, num_slots) loads slot 0's record
-// (bench/tune_geometry.py's fourth number).
-#define KVC_VT_LOAD_CLAMPED 0
+// per-entry row search, shared loads or predecessor test (bench/tune_geometry.py's third number). On an H200
+// (docs/BENCHMARKS.md, 2026-12-05) never slower: contiguous pools 2-3 % faster in a graph (A 12.34 -> 11.93 us,
+// B 88.0 -> 86.1), A shuffled 15.46 -> 15.40.
+#define KVC_VT_STEP_IN_ROW 1
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -242,14 +242,8 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_vt_slot s = en.slot[u];
         own[u] = (kvc_vt_uslot)s - 1 < (kvc_vt_uslot)num_slots - 1;  // s in [1, num_slots) (num_slots >= 1)
-#if KVC_VT_LOAD_CLAMPED
-        // Every lane loads a record: slot 0's (inside every buffer) when its own is not in [1, num_slots); those
-        // fields are never used (h is 0, and an out-of-range row takes none of them), so no zeroing, no predicate.
-        kvc_load_record_at(kvc_vt_record(canary, own[u] ? s : 0, stride), vec16, tok[u], spos[u], hash[u], rkv[u]);
-#else
         tok[u] = spos[u] = hash[u] = rkv[u] = 0;
         if (own[u]) kvc_load_record_at(kvc_vt_record(canary, s, stride), vec16, tok[u], spos[u], hash[u], rkv[u]);
-#endif
         p_tok[u] = p_pos[u] = p_hash[u] = 0;
         if (kvc::kVtEarlyLoads && !en.nb[u] && en.prev[u] > kvc::TOKEN_TO_KV_SLOT_PADDING && en.prev[u] < num_slots) {
             const kvc_i64* pr = kvc_vt_record(canary, en.prev[u], stride);
@@ -477,13 +471,6 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             const kvc_i64 e0 = kvc_max64(wr[0], 0);  // warp-uniform (>= 0 already: a clamp the compiler cannot see)
             if (e0 < wr[1]) hint = kvc_vt_warp_find_row<kvc_vt_idx>(s_off, (kvc_vt_idx)e0);
         }
-#if KVC_VT_STEP_IN_ROW == 2
-        // The row of the last searched step's last entry (lane 31's), warp-uniform in registers: its index, its
-        // tile-local end (0 until a step was searched: no step is then inside it), its s_pos0 and s_cell0.
-        int fr_row = 0;
-        kvc_vt_idx fr_end = 0, fr_pos0 = 0;
-        kvc_i64 fr_cell0 = 0;
-#endif
         // A step: lane l takes entries base + u * 32 + l. An entry's predecessor e - 1 is lane l - 1's, lane 0's
         // is lane 31's of u - 1 or, with per-warp ranges, of the warp's previous step (kept in s_warp), so only
         // the warp's first entry in the tile (with grid-strided steps: in the step) and the rows' first entries
@@ -501,17 +488,12 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // The step inside one row (warp-uniform): after a step of this tile (base > lo), lane 31's row r0 is the
             // row of entry base - 1, so the row began before this step and every entry's predecessor is lane - 1's
             // (lane 0's the previous step's last); the step is fast when that row and the warp's range both hold it.
-            // (2: that row's fields are held in registers from the last searched step, fr_*; 1: read afresh.)
             bool in_row = false;
             int r0 = 0;
             if (kvc::kVtCarry && !kvc_vt_paged(t)) {
                 const kvc_vt_idx last = base + (kvc::kVtWarpStep - 1);
-#if KVC_VT_STEP_IN_ROW == 2
-                in_row = base > lo && last < fr_end && last < hi;
-#else
                 r0 = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
                 in_row = base > lo && last < s_off[r0 + 1] && last < hi;
-#endif
             }
 #else
             constexpr bool in_row = false;
@@ -527,14 +509,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // and turned into its slot after it, so that the step's table loads are in flight together.
             int raw[kvc::kVtUnroll];
             if (in_row) {
-#if KVC_VT_STEP_IN_ROW == 2
-                const kvc_vt_idx pos0 = fr_pos0;
-                const kvc_i64 cell0 = fr_cell0;
-                r0 = fr_row;
-#else
                 const kvc_vt_idx pos0 = s_pos0[r0];
                 const kvc_i64 cell0 = s_cell0[r0];
-#endif
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
@@ -594,14 +570,6 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                     }
                 }
-#if KVC_VT_STEP_IN_ROW == 2
-                if (kvc::kVtCarry && !kvc_vt_paged(t)) {  // warp-uniform
-                    fr_row = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
-                    fr_end = s_off[fr_row + 1];
-                    fr_pos0 = s_pos0[fr_row];
-                    fr_cell0 = s_cell0[fr_row];
-                }
-#endif
             }
             if (!kvc::kVtEarlyLoads && !kvc_vt_paged(t)) {
 #pragma unroll

@@ -184,7 +184,7 @@ def test_verify_table_emulated_many_rows(emu, vt_flat32, n_active, block_size, m
     assert _flat32_launched(emu) == {vt_flat32 and not paged}
 
 
-@pytest.fixture(params=[0, 1, 2], ids=["rows-searched", "step-in-row", "step-in-row-regs"])
+@pytest.fixture(params=[0, 1], ids=["rows-searched", "step-in-row"])
 def vt_step_in_row(request, monkeypatch, tmp_path) -> int:
     """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW`` set to the parameter (a copy; the source's own value aside)."""
     src = tmp_path / "kernels_cu"
