@@ -14,8 +14,9 @@ and ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``).
 blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
 ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). A variant may give only
-the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid
-from the same copy, so a variant is what the library would run (the CPU suite compiles every default variant:
+the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each
+variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so
+a variant is what the library would run (the CPU suite compiles every default variant:
 tests/ops/test_nvrtc_compile.py).
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
 
@@ -49,7 +50,8 @@ KERNELS = {
     # kernel -> (source, entry point, defines a variant sets (in variant order, each define: its names),
     #            default variants, timed Case method, spec flags (NONE, real KV))
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
-                     [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"), ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
+                     [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
+                      ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
                       ("KVC_VT_STEP_IN_ROW",)],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
