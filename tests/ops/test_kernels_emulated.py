@@ -17,8 +17,7 @@ synchronize more than a GPU does); compute-sanitizer's racecheck on the GPU is t
 from __future__ import annotations
 
 import math
-import re
-import shutil
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -30,6 +29,7 @@ from kvcanary.ops.cuda import grids, specs
 from kvcanary.ops.cuda import verify_table as cuda_verify_table
 from support.cuda_emu import build, compiler, emulated_cuda
 from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
+from support.kernel_source import edited_copy, kernels_from, set_define
 from support.table_cases import (
     make_canary_case,
     make_canary_cases,
@@ -185,21 +185,12 @@ def test_verify_table_emulated_many_rows(emu, vt_flat32, n_active, block_size, m
 
 
 @pytest.fixture(params=[0, 1], ids=["rows-searched", "step-in-row"])
-def vt_step_in_row(request, monkeypatch, tmp_path) -> int:
+def vt_step_in_row(request, tmp_path) -> Iterator[int]:
     """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW`` set to the parameter (a copy; the source's own value aside)."""
-    src = tmp_path / "kernels_cu"
-    shutil.copytree(specs.kernels_dir(), src)
-    f = src / "verify_table.cu"
-    text, n = re.subn(r"^#define KVC_VT_STEP_IN_ROW \d+", f"#define KVC_VT_STEP_IN_ROW {request.param}",
-                      f.read_text(), flags=re.M)
-    assert n == 1
-    f.write_text(text)
-    monkeypatch.setattr(specs, "kernels_dir", lambda: src)
-    specs._file_source.cache_clear()
-    specs.int_define.cache_clear()
-    yield request.param
-    specs._file_source.cache_clear()
-    specs.int_define.cache_clear()
+    src = edited_copy(tmp_path / "kernels_cu", "verify_table.cu",
+                      lambda text: set_define(text, "KVC_VT_STEP_IN_ROW", request.param))
+    with kernels_from(src):
+        yield request.param
 
 
 @pytest.mark.parametrize("n_active, block_size, max_seq_len, window, n_contexts, check_token", [

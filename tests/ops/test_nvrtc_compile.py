@@ -323,13 +323,14 @@ def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
         assert n == len(want) and seen == want
 
 
-def test_tune_geometry_default_variants_compile_clean(nvrtc, monkeypatch, tmp_path):
+def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     """Every default variant of bench/tune_geometry.py (a device-only sweep) sets each of its defines once and
     compiles, one specialization each (no real KV, one context), so a sweep does not die on the device. Spills are
     allowed (some variants cap the registers low; the sweep reports them), any other warning is not."""
-    import shutil
     import sys
     from pathlib import Path
+
+    from support.kernel_source import edited_copy, kernels_from
 
     bench = str(Path(__file__).resolve().parents[2] / "bench")
     sys.path.insert(0, bench)
@@ -338,30 +339,22 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, monkeypatch, tmp_pa
     finally:
         sys.path.remove(bench)
     compiled = 0
-    try:
-        for kernel, (source, _, defines, variants, _, flags) in tg.KERNELS.items():
-            for values in tg.parse_variants(kernel, variants):
-                if not values:
-                    continue
-                dst = tmp_path / f"{kernel}_{'_'.join(map(str, values))}"
-                shutil.copytree(kspecs.kernels_dir(), dst)
-                text = tg.variant_source(kernel, values, (dst / source).read_text())
-                assert [int(re.search(rf"^#define {n} (\d+)", text, re.M).group(1)) for names, _ in zip(defines, values)
-                        for n in names] == [v for names, v in zip(defines, values) for _ in names]
-                (dst / source).write_text(text)
-                monkeypatch.setattr(kspecs, "kernels_dir", lambda d=dst: d)
-                kspecs._file_source.cache_clear()
-                kspecs.int_define.cache_clear()
+    for kernel, (source, _, defines, variants, _, flags) in tg.KERNELS.items():
+        for values in tg.parse_variants(kernel, variants):
+            if not values:
+                continue
+            dst = edited_copy(tmp_path / f"{kernel}_{'_'.join(map(str, values))}", source,
+                              lambda text, k=kernel, v=values: tg.variant_source(k, v, text))
+            text = (dst / source).read_text()
+            assert [int(re.search(rf"^#define {n} (\d+)", text, re.M).group(1)) for names, _ in zip(defines, values)
+                    for n in names] == [v for names, v in zip(defines, values) for _ in names]
+            with kernels_from(dst):
                 spec = kspecs.spec_for(kernel, **flags(False))
                 opts = cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), "90") + list(REPORT_OPTIONS)
                 res = compile_nvrtc(nvrtc, spec.source(), source, opts)
-                other = [d for d in res.diagnostics if "Registers are spilled" not in d]
-                assert res.ok and res.cubin_bytes > 0 and not other, f"{kernel} {values}\n{res.log}"
-                compiled += 1
-    finally:
-        monkeypatch.undo()
-        kspecs._file_source.cache_clear()
-        kspecs.int_define.cache_clear()
+            other = [d for d in res.diagnostics if "Registers are spilled" not in d]
+            assert res.ok and res.cubin_bytes > 0 and not other, f"{kernel} {values}\n{res.log}"
+            compiled += 1
     assert compiled >= 10
     assert tg.parse_variants("write_table", "shipped, 256x1x4x1x0") == [(), (256, 1, 4, 1, 0)]
     assert tg.variant_source("write_table", (), "#define KVC_WT_THREADS 256\n") == "#define KVC_WT_THREADS 256\n"
