@@ -34,13 +34,12 @@
 // PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
 // the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
 // done once; each context adds its record (and KV) reads.
-// Numbers (H200, docs/BENCHMARKS.md, 2026-12-04 and, for the 32-bit modules, 2026-12-05): B NONE shuffled (8.4 M
-// entries) runs within 5 % of a bare kernel that reads the same table entries and records and checks nothing (229
-// against 220 us; random 32-byte records cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.3 us eager,
-// 15.9 us in a graph with the 32-bit modules (17.0 with the 64-bit ones, 7.9 warp instructions per entry by Nsight
-// Compute; 14.4 with the earlier distribution, where blocks took 512-entry chunks round-robin and lane 0 of every
-// warp looked up its predecessor at every step); B NONE contiguous 98.3 us (108.2 with the 64-bit modules, 178
-// before).
+// Numbers (H200, docs/BENCHMARKS.md, 2026-12-05): B NONE shuffled (8.4 M entries) runs within 5 % of a bare kernel
+// that reads the same table entries and records and checks nothing (209.7 against 201.4 us; random 32-byte records
+// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.0 us eager, 15.4-15.9 us in a graph with the 32-bit
+// modules (17.1 with the 64-bit ones; 6.1 and 7.6 warp instructions per entry by Nsight Compute, 14.4 with the
+// earlier distribution, where blocks took 512-entry chunks round-robin and lane 0 of every warp looked up its
+// predecessor at every step); B NONE contiguous 95.7 us (103.9 with the 64-bit modules, 178 before).
 // The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
 // the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
@@ -204,6 +203,14 @@ __device__ __forceinline__ const kvc_i64* kvc_vt_record(const unsigned char* can
 // T(x) of a table value, as a step keeps its slots.
 __device__ __forceinline__ kvc_vt_slot kvc_vt_slot_of(const KvcTableParams& t, kvc_i64 x) {
     return (kvc_vt_slot)kvc_lut_translate<KVC_HAS_LUT>(t, x);
+}
+
+// The expected token of the entry at position pos of a row (pool index rp, valid length vlen), or kvc::NO_SLOT
+// where the pool has none (SPEC §5).
+__device__ __forceinline__ kvc_i64 kvc_vt_expected_token(const KvcBatchParams& b, kvc_i64 rp, kvc_i64 vlen,
+                                                         kvc_i64 pos) {
+    const kvc_i64 q = pos + b.token_offset;
+    return kvc_expected_token_ok(q, vlen, b.pool_cols) ? (kvc_i64)b.pool[rp * b.pool_cols + q] : kvc::NO_SLOT;
 }
 
 // The shared (context-independent) part of a step's entries.
@@ -520,9 +527,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                     en.exp_tok[u] = kvc::NO_SLOT;
                     raw[u] = kvc_vt_raw(t, cell0, el);
 #if KVC_CHECK_TOKEN
-                    const kvc_i64 q = en.pos[u] + b.token_offset;
-                    if (kvc_expected_token_ok(q, s_vlen[r0], b.pool_cols))
-                        en.exp_tok[u] = (kvc_i64)b.pool[s_rp[r0] * b.pool_cols + q];
+                    en.exp_tok[u] = kvc_vt_expected_token(b, s_rp[r0], s_vlen[r0], en.pos[u]);
 #endif
                 }
                 hint = r0;
@@ -564,9 +569,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                                                  : (kvc_vt_slot)kvc::NO_SLOT;
                         }
 #if KVC_CHECK_TOKEN
-                        const kvc_i64 q = pos + b.token_offset;
-                        if (kvc_expected_token_ok(q, s_vlen[row], b.pool_cols))
-                            en.exp_tok[u] = (kvc_i64)b.pool[s_rp[row] * b.pool_cols + q];
+                        en.exp_tok[u] = kvc_vt_expected_token(b, s_rp[row], s_vlen[row], pos);
 #endif
                     }
                 }
