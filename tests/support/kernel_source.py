@@ -36,7 +36,8 @@ def _clear_source_caches() -> None:
 @contextlib.contextmanager
 def kernels_from(path: Path) -> Iterator[Path]:
     """Within the block the library's kernel source is ``path``; the caches built from a kernel source (file
-    texts, defines, the plan-free grids) are cleared on entry and on exit."""
+    texts, defines, the plan-free grids) are cleared on entry and on exit. Compiled CuPy modules are not (they are
+    keyed by spec, not by text): for the emulated kernels and compile-only tests, not for GPU launches."""
     original = specs.kernels_dir
     specs.kernels_dir = lambda: path  # type: ignore[assignment]
     _clear_source_caches()
