@@ -5,6 +5,7 @@ Usage (on a CUDA machine, from the repository root)::
 
     PYTHONPATH=. python3 bench/timeline_verify_table.py                    # shape A, both slot layouts
     PYTHONPATH=. python3 bench/timeline_verify_table.py --shape B --layouts shuffled
+    PYTHONPATH=. python3 bench/timeline_verify_table.py --variant 2x4x1x1   # a bench/tune_geometry.py variant
 
 Compiles an instrumented copy of ``kernels_cu/verify_table.cu`` (the library's kernel source is pointed at the
 copy, as ``bench/tune_geometry.py`` does) that records, for every block, ``%globaltimer`` and ``clock64`` at its
@@ -70,7 +71,7 @@ _PATCHES = (
     ("            if (base >= hi) break;", "replace",
      f"            if (base >= hi) {{\n                if (lane == 0) {{ {_W.format(1)} = clock64(); {_W.format(2)} = kvc_tl_gt();"
      f" {_W.format(3)} = kvc_tl_steps; }}\n                break;\n            }}"),
-    ("                if (c < nctx) kvc_vt_context(p.ctx[c], en, &ws[3 + c]);  // block-uniform condition", "after",
+    ("                if (c < nctx) kvc_vt_context(p.ctx[c], en, lead, &ws[3 + c]);  // block-uniform condition", "after",
      f"\n            if (lane == 0 && kvc_tl_steps == 0) {_W.format(0)} = clock64();\n            ++kvc_tl_steps;"),
     ("    if (blockIdx.x == 0) {  // block 0 counts", "before",
      f"    if (tid == 0) {{ {_B.format(6)} = kvc_tl_gt(); {_B.format(7)} = clock64(); }}\n"),
@@ -142,7 +143,12 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="shuffled,contiguous")
     ap.add_argument("--replays", type=int, default=3, help="timed graph replays; the last one's record is printed")
     ap.add_argument("--seed", type=int, default=20240601)
+    ap.add_argument("--variant", default="shipped",
+                    help="the kernel's defines as one bench/tune_geometry.py verify_table variant (UxBxSxL)")
     args = ap.parse_args(argv)
+    import tune_geometry as tg
+
+    (values,) = tg.parse_variants("verify_table", args.variant)
     if not torch.cuda.is_available():
         print("timeline_verify_table: no CUDA device", file=sys.stderr)
         return 2
@@ -154,12 +160,13 @@ def main(argv=None) -> int:
         kernels = Path(work) / "kernels_cu"
         shutil.copytree(specs.kernels_dir(), kernels)
         f = kernels / "verify_table.cu"
-        f.write_text(instrumented_source(f.read_text()))
+        f.write_text(instrumented_source(tg.variant_source("verify_table", values, f.read_text())))
         bc.use_kernels_dir(kernels)
         dev = torch.device("cuda", 0)
         timer = bc.Timer(dev)
         for layout in args.layouts.split(","):
-            print(timeline(bc.Case(args.shape, RealKvHashMode.NONE, layout, dev, args.seed), timer, args.replays),
+            print(f"\nvariant {tg.name(values)}" +
+                  timeline(bc.Case(args.shape, RealKvHashMode.NONE, layout, dev, args.seed), timer, args.replays),
                   flush=True)
     return 0
 

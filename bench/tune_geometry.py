@@ -7,9 +7,10 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxS`` sets ``U`` entries per thread per step
-and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``)
-and ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``).
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxL`` sets ``U`` entries per thread per
+step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``),
+``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``) and ``L`` (1: a warp's range starts at
+its lead, the entry before it, loaded and hashed but not checked, ``KVC_VT_LEAD_ENTRY``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
 blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
@@ -52,8 +53,8 @@ KERNELS = {
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
-                      ("KVC_VT_STEP_IN_ROW",)],
-                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2", "verify_table",
+                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",)],
+                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",

@@ -30,7 +30,9 @@
 // the predecessor's record is the neighbouring entry's: lane l computes slot_hash of its own record and passes it
 // (and its slot, the next entry's prev) to lane l + 1 with a shuffle; lane 0 takes lane 31's of the previous u,
 // or, without real KV, of the warp's previous step (kept in shared memory by lane 0). So only a warp's first entry
-// in a tile and a row's first entry load their predecessor themselves (table entry and 24 bytes of record).
+// in a tile and a row's first entry load their predecessor themselves (table entry and 24 bytes of record); with
+// KVC_VT_LEAD_ENTRY (off) not the first entry of a warp's range either: its lead, the entry before, is one of the
+// first step's entries, hashed and not checked.
 // PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
 // the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
 // done once; each context adds its record (and KV) reads.
@@ -97,6 +99,13 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // (docs/BENCHMARKS.md, 2026-12-05) never slower: contiguous pools 2-3 % faster in a graph (A 12.34 -> 11.93 us,
 // B 88.0 -> 86.1), A shuffled 15.46 -> 15.40.
 #define KVC_VT_STEP_IN_ROW 1
+// 1: with per-warp ranges (no real KV), a warp's range in a tile starts one entry early, at its lead: the entry before
+// its first (the previous warp's last), loaded and hashed like the others but not checked, so that the first
+// entry's predecessor is lane 0's entry, handed on by the shuffle, rather than a table cell and then a record
+// looked up after the step's own loads (the warp's first step took about 7,000 cycles against 4,400 for the later
+// ones: docs/BENCHMARKS.md, the timeline). Ranges then hold 64k - 1 entries, so a range and its lead fill k steps
+// (bench/tune_geometry.py's fourth number). Not yet timed on a GPU, so off.
+#define KVC_VT_LEAD_ENTRY 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -134,6 +143,8 @@ constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 // per-position table are loaded in the row loop and converted after it (their loads overlap: A 8 %, B contiguous
 // 8 % faster in a graph, docs/BENCHMARKS.md, 2026-12-04).
 constexpr bool kVtEarlyLoads = KVC_HAS_REAL_KV != 0;
+constexpr bool kVtLead = kVtCarry && KVC_VT_LEAD_ENTRY;  // see KVC_VT_LEAD_ENTRY
+static_assert(!(kVtLead && kVtEarlyLoads), "the lead's predecessor is skipped only where it is looked up in place");
 static_assert(kVtTile * (kvc_i64)KVC_VT_FLAT32_MAX_SEQ_LEN + (1LL << 24) <= (1LL << 31), "flat32 tile bound");
 }  // namespace kvc
 
@@ -226,7 +237,8 @@ struct KvcVtEntries {
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
 // *hash_carry (lane 0 only, warp-private shared memory): slot_hash of the last entry of the warp's previous step,
 // the predecessor of this step's first entry when en.nb[0] holds on lane 0; left holding this step's last.
-__device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const KvcVtEntries& en,
+// lead (lane 0): entry u = 0 is the warp's lead (KVC_VT_LEAD_ENTRY), hashed for lane 1 and not checked.
+__device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const KvcVtEntries& en, bool lead,
                                                volatile kvc_i64* hash_carry_smem) {
     const unsigned char* canary = x.canary;
     const kvc_vt_stride stride = (kvc_vt_stride)x.slot_stride;
@@ -301,7 +313,8 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #else
         const bool tok_bad = false;
 #endif
-        const bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
+        bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
+        if (kvc::kVtLead && u == 0 && lead) want = false;  // the lead: hashed for lane 1, not checked
         if (!__all_sync(kvc::kFullMask, !want)) {
             kvc_i64 bits = 0;
             if (chain_bad) bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
@@ -318,7 +331,8 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 }
 
 // The batch's `total` entries are cut into one contiguous range per warp of the grid, `per` entries each (a
-// multiple of a warp's step; the last ranges may be short or empty): warp w of block b takes
+// multiple of a warp's step, or with kVtLead one less, so that a range and its lead fill whole steps; the last
+// ranges may be short or empty): warp w of block b takes
 // [(b * warps_per_block + w) * per, + per) clipped to total. Thread 0 writes range[0..3] = per, this block's
 // start and end (its warps' ranges together), total (the caller synchronizes); kept in shared memory, not in
 // registers, through the loop (the entry loop needs every register it can get). With grid-strided steps (real
@@ -333,7 +347,8 @@ __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* r
     const kvc_i64 warps = (kvc_i64)gridDim.x * kvc::kVtWarps;
     kvc_i64 per, rem;
     kvc_divmod(total + warps - 1, warps, per, rem);
-    per = (per + kvc::kVtWarpStep - 1) / kvc::kVtWarpStep * kvc::kVtWarpStep;
+    per = kvc::kVtLead ? (per + kvc::kVtWarpStep) / kvc::kVtWarpStep * kvc::kVtWarpStep - 1
+                       : (per + kvc::kVtWarpStep - 1) / kvc::kVtWarpStep * kvc::kVtWarpStep;
     range[0] = per;
     range[1] = kvc_min64((kvc_i64)blockIdx.x * kvc::kVtWarps * per, total);
     range[2] = kvc_min64(range[1] + kvc::kVtWarps * per, total);
@@ -379,8 +394,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     volatile __shared__ kvc_i64 s_walk[6];  // volatile: re-read where needed, never held in registers
     // Warp-private: [0, 1] the warp's entries [lo, hi) in the tile (written by lane 0, re-read every step so they
     // need no registers through it); [2] the slot and [3 + c] context c's slot_hash of the warp's previous step's
-    // last entry (lane 0 writes and reads them).
-    __shared__ kvc_i64 s_warp[kvc::kVtWarps][3 + KVC_CONTEXTS];
+    // last entry (lane 0 writes and reads them); with kVtLead, [3 + KVC_CONTEXTS] 1 when entry lo is the warp's lead.
+    constexpr int kLeadAt = 3 + KVC_CONTEXTS;
+    __shared__ kvc_i64 s_warp[kvc::kVtWarps][kLeadAt + (kvc::kVtLead ? 1 : 0)];
 
     const KvcTableParams& t = p.table;
     const KvcBatchParams& b = p.batch;
@@ -448,6 +464,11 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 const kvc_i64 per = s_walk[0], wstart = kvc_min64(s_walk[1] + warp * per, s_walk[2]);
                 wr[0] = kvc_max64(wstart - carry, 0);
                 wr[1] = kvc_min64(kvc_min64(wstart + per, s_walk[2]) - carry, tile_total);
+                if (kvc::kVtLead) {  // the lead, entry wstart - 1, when it is in this tile and so is the range
+                    const bool lead = wstart - carry >= 1 && wr[0] < wr[1];
+                    if (lead) wr[0] = wr[0] - 1;
+                    wr[kLeadAt] = lead ? 1 : 0;
+                }
             } else {
                 // The first of this warp's steps g + k * G that ends past `carry`; it may have begun in the previous
                 // tile (a negative tile-local start: its entries below 0 are inactive here).
@@ -515,6 +536,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // Without kVtEarlyLoads and with a per-position table: each entry's table int, loaded in the row loop
             // and turned into its slot after it, so that the step's table loads are in flight together.
             int raw[kvc::kVtUnroll];
+            bool lead = false;  // entry 0 (u = 0) of lane 0 is the warp's lead (kVtLead)
             if (in_row) {
                 const kvc_vt_idx pos0 = s_pos0[r0];
                 const kvc_i64 cell0 = s_cell0[r0];
@@ -532,6 +554,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 }
                 hint = r0;
             } else {
+                // Entry lo on lane 0 is the lead in the warp's first step of the tile when the tile holds it.
+                if (kvc::kVtLead) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
@@ -564,7 +588,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                             look[u] = !en.nb[u] && pos > 0;
                             if (look[u]) prev_cell[u] = kvc_table_prev_cell(t, cell[u]);
                             if (!en.nb[u] && pos == 0) en.prev[u] = kvc::NO_SLOT;
-                        } else if (!en.nb[u]) {
+                        } else if (!en.nb[u] && !(kvc::kVtLead && u == 0 && lead)) {  // the lead's: unused, 0
                             en.prev[u] = pos > 0 ? kvc_vt_slot_of(t, kvc_vt_rt(t, cell0, el - 1, pos - 1))
                                                  : (kvc_vt_slot)kvc::NO_SLOT;
                         }
@@ -603,7 +627,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             if (kvc::kVtCarry && lane == 0) ws[2] = slot_carry;
 #pragma unroll
             for (int c = 0; c < KVC_CONTEXTS; ++c)  // the launcher never passes more (specs.contexts_spec)
-                if (c < nctx) kvc_vt_context(p.ctx[c], en, &ws[3 + c]);  // block-uniform condition
+                if (c < nctx) kvc_vt_context(p.ctx[c], en, lead, &ws[3 + c]);  // block-uniform condition
         }
     }
 

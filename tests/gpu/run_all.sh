@@ -24,7 +24,8 @@
 #                 32-bit modules) and of the decode writes (A; the plan-free one at B too), instructions executed
 #                 included (bench/profile_verify_table.py)
 # 8. timeline   - bench/timeline_verify_table.py: when each block and warp of the plan-free verify at A starts and
-#                 ends, per generation of an SM's blocks (writes $OUT/timeline.md; T_TIMELINE)
+#                 ends, per generation of an SM's blocks (writes $OUT/timeline.md; TIMELINE_ARGS, e.g. "--variant
+#                 2x4x1x1", T_TIMELINE)
 # 9. tune       - (only when named in RUN_PARTS) bench/tune_geometry.py: the plan-free kernels' launch-geometry
 #                 sweep (writes $OUT/tune_<kernel>.md; TUNE_ARGS, T_TUNE)
 #
@@ -298,7 +299,7 @@ fi
 
 # ---- 8. per-block and per-warp timeline of the plan-free verify at A
 if has_part timeline; then
-    run_part timeline "$T_TIMELINE" "$OUT/timeline.md" "$PY" bench/timeline_verify_table.py
+    run_part timeline "$T_TIMELINE" "$OUT/timeline.md" "$PY" bench/timeline_verify_table.py ${TIMELINE_ARGS:-}
     rc=$?
     [[ $rc -ne 0 ]] && FAILED=1
     SUMMARY+=("timeline|$(result_word $rc)|$PART_SECONDS|-")

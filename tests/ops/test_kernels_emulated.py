@@ -164,7 +164,8 @@ def test_flat32_modules_are_taken_only_within_their_bounds(monkeypatch):
     (300, 2, 4, Mode.NONE, 1, True), (700, 4, 6, Mode.NONE, 2, True), (300, 2, 4, Mode.PARTIAL, 1, True),
     (700, 4, 6, Mode.PARTIAL, 2, True), (700, 4, 6, Mode.NONE, 1, False), (300, 2, 4, Mode.PARTIAL, 2, False),
 ])
-def test_verify_table_emulated_many_rows(emu, vt_flat32, n_active, block_size, max_blocks, mode, n_contexts, paged):
+def test_verify_table_emulated_many_rows(emu, vt_flat32, vt_steps, n_active, block_size, max_blocks, mode, n_contexts,
+                                        paged):
     """More rows than a tile (256), so the kernel first walks every row for the batch total; each warp's share
     of the entries crosses tiles, and (the 700-row cases: about 8000 entries over 4 blocks) takes several steps.
     Without real KV a warp's steps are one contiguous range, with it they are grid-strided (steps that straddle
@@ -184,23 +185,35 @@ def test_verify_table_emulated_many_rows(emu, vt_flat32, n_active, block_size, m
     assert _flat32_launched(emu) == {vt_flat32 and not paged}
 
 
-@pytest.fixture(params=[0, 1], ids=["rows-searched", "step-in-row"])
-def vt_step_in_row(request, tmp_path) -> Iterator[int]:
-    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW`` set to the parameter (a copy; the source's own value aside)."""
+@pytest.fixture(params=[(0, 0), (1, 0), (0, 1), (1, 1)],
+                ids=["rows-searched", "step-in-row", "lead", "step-in-row+lead"])
+def vt_steps(request, tmp_path) -> Iterator[tuple[int, int]]:
+    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW`` and ``KVC_VT_LEAD_ENTRY`` set to the parameter's two values (a
+    copy; the source's own values aside): the ways a warp's step without real KV may take its rows and its first
+    entry's predecessor."""
+    step_in_row, lead = request.param
     src = edited_copy(tmp_path / "kernels_cu", "verify_table.cu",
-                      lambda text: set_define(text, "KVC_VT_STEP_IN_ROW", request.param))
+                      lambda text: set_define(set_define(text, "KVC_VT_STEP_IN_ROW", step_in_row),
+                                              "KVC_VT_LEAD_ENTRY", lead))
     with kernels_from(src):
         yield request.param
+
+
+def _range_per(total: int, warps: int, lead: int) -> int:
+    """The entries of each warp's range (``kvc_vt_ranges``): whole 64-entry steps, or with a lead one less."""
+    per = math.ceil(total / warps)
+    return (per + 64) // 64 * 64 - 1 if lead else math.ceil(per / 64) * 64
 
 
 @pytest.mark.parametrize("n_active, block_size, max_seq_len, window, n_contexts, check_token", [
     (10, 64, 2048, 0, 1, False), (10, 1, 2048, 1200, 2, True), (10, 16, 2048, 0, 2, True), (300, 16, 128, 0, 1, True),
 ])
-def test_verify_table_emulated_steps_inside_rows(emu, vt_flat32, vt_step_in_row, n_active, block_size, max_seq_len,
+def test_verify_table_emulated_steps_inside_rows(emu, vt_flat32, vt_steps, n_active, block_size, max_seq_len,
                                                  window, n_contexts, check_token):
     """Long rows over one SM's 32 warps: many of a warp's 64-entry steps (without real KV) lie inside one row that
     began before the step, which KVC_VT_STEP_IN_ROW takes without a per-entry row search; the others hold a row's
-    start, the start of the warp's range or its end. With a SWA window (entries from the window start, slots
+    start, the start of the warp's range (with KVC_VT_LEAD_ENTRY, its lead: the previous warp's last entry,
+    loaded and hashed, not checked) or its end. With a SWA window (entries from the window start, slots
     through the LUT), expected tokens, two contexts (each carries its own hash across steps) and a fifth of the
     records corrupted, so violations fall inside such steps. 300 rows are two tiles: a warp's range that began in
     the first goes on in the second from its tile-local entry 0, so its end there falls anywhere in a step."""
@@ -217,7 +230,7 @@ def test_verify_table_emulated_steps_inside_rows(emu, vt_flat32, vt_step_in_row,
     assert _flat32_launched(emu) == {vt_flat32}
 
 
-def test_verify_table_emulated_step_in_row_at_a_range_end(emu, vt_flat32, vt_step_in_row):
+def test_verify_table_emulated_step_in_row_at_a_range_end(emu, vt_flat32, vt_steps):
     """A warp's range that began in the first tile goes on in the second from tile-local entry 0, so its end there
     is not a whole number of steps away: a step inside a long row that passes the range end must stop there (the
     next warp verifies the rest; verified twice, an entry's violation would be logged twice). Built so: 256 rows of
@@ -236,9 +249,44 @@ def test_verify_table_emulated_step_in_row_at_a_range_end(emu, vt_flat32, vt_ste
     # step of its own, inside the first long row.
     grid = grids.verify_table_grid(False, 1)
     warps = grid.blocks * grid.threads // 32
-    per = math.ceil(math.ceil(int(b.prefix_lens.sum()) / warps) / 64) * 64  # kvc_vt_ranges: whole 64-entry steps
+    per = _range_per(int(b.prefix_lens.sum()), warps, vt_steps[1])
     hi = (273 // per + 1) * per - 273
     assert hi % 64 != 0 and 64 < hi < 1024, (warps, per, hi)
+    ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                    lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(False)), (b, cases))
+    assert _compare(ref[1], got[1]) > 0
+    assert _flat32_launched(emu) == {vt_flat32}
+
+
+def test_verify_table_emulated_ranges_at_rows_and_tiles(emu, vt_flat32, vt_steps):
+    """Warps' ranges that start at a row's first entry and at the second tile's first entry. 256 rows of 19 or 20
+    entries (5,100: 20 ranges of 255), then 12 rows of 255 (a SWA window of 255 over longer prefixes, so each
+    starts at a position > 0 whose predecessor is looked up in the table). With KVC_VT_LEAD_ENTRY a range holds
+    255 entries: warp 20's starts the second tile (no lead there: its first entry's predecessor is looked up) and
+    warps 21-31 take one long row each, their lead the previous row's last entry (loaded and hashed, not checked;
+    checked twice, its violation would be logged twice). Without the lead the ranges (256) fall elsewhere. A fifth
+    of the records corrupted, some slots out of range."""
+    rng = rng_for("emu-verify_table-leads")
+    b = make_table_batch(rng, block_size=16, max_blocks=128, n_active=268, max_reqs=270, n_padding=0, n_invalid=0,
+                         window=255, max_extend=1)
+    orig = b.prefix_lens.numpy().copy()
+    order = np.argsort(orig, kind="stable")  # the 12 longest prefixes last: the second tile
+    pre = orig[order].copy()
+    short = np.minimum(pre[:256], np.where(np.arange(256) < 20, 19, 20))
+    for i in np.flatnonzero(pre[:256] > short):  # rows too short for their share: the others take it
+        short[i] += min(int(pre[i] - short[i]), 5100 - int(short.sum()))
+    pre[:256] = short
+    pre[256:] = 255 + rng.integers(1, 100, 12)
+    assert short.sum() == 5100 and (pre <= orig[order]).all(), "prefixes only shortened (their blocks are held)"
+    for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens", "expected_valid_lens"):
+        setattr(b, name, getattr(b, name)[torch.as_tensor(order)].clone())
+    b.prefix_lens.copy_(torch.as_tensor(pre))
+    cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, stride=record_stride(rng, aligned=True),
+                              ring_capacity=_ring(b))
+    stamp_batch(rng, cases[0], b, corrupt=0.2)
+    grid = grids.verify_table_grid(False, 1)
+    assert grid.blocks * grid.threads // 32 == 32
+    assert _range_per(5100 + 12 * 255, 32, vt_steps[1]) == (255 if vt_steps[1] else 256)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
                     lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(False)), (b, cases))
     assert _compare(ref[1], got[1]) > 0

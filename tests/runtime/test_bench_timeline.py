@@ -32,6 +32,23 @@ def test_every_anchor_is_in_the_kernel_once_and_gets_its_store():
         tl.instrumented_source(src.replace("        s_off[tid] = off;", "        s_off[tid]  = off;"))
 
 
+def test_a_tune_geometry_variant_is_instrumented_too():
+    """``--variant``: the kernel's defines set as ``bench/tune_geometry.py`` sets them, then the same stores."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import tune_geometry as tg
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    src = (ROOT / "kernels_cu" / "verify_table.cu").read_text()
+    (values,) = tg.parse_variants("verify_table", "2x4x1x1")
+    out = tl.instrumented_source(tg.variant_source("verify_table", values, src))
+    for define, value in (("KVC_VT_UNROLL", 2), ("KVC_VT_UNROLL_REAL_KV", 2), ("KVC_VT_BLOCKS_PER_SM", 4),
+                          ("KVC_VT_STEP_IN_ROW", 1), ("KVC_VT_LEAD_ENTRY", 1)):
+        assert re.search(rf"^#define {define} {value}$", out, re.M), define
+    for anchor, where, code in tl._PATCHES:
+        assert out.count(code) == 1, anchor
+
+
 def _row(table: str, name: str) -> list[float]:
     line = next(x for x in table.splitlines() if x.startswith(f"| {name} |"))
     return [float(v) for v in line.strip("|").split("|")[1:]]
