@@ -48,7 +48,10 @@ bytes as the two-pass write; then restores the buffer. Only then does it time ea
   near 2 ms) captured in one ``torch.cuda.CUDAGraph``, replayed ``--runs`` times; per-launch time = median
   replay time / reps (back to back, L2 left warm);
 * host: the median CPU time of one call of the public op (validation, packing, launch) over ``--host-calls``
-  back-to-back calls with a reused context (and plan).
+  back-to-back calls with a reused context (and plan);
+* SM MHz: the SM clock right after the op's graph timing (``Timer.sm_mhz``: ``torch.cuda._sleep``'s cycles over
+  their event time). The card's clock is left as found and moves with its load, so an op timed after others may
+  run at another clock than the same op alone: compare ops in one table through this column too.
 
 Bytes per unit ("B/unit"): for the SGLang-named ops nominal bytes: plan 36 B per verify
 entry (four int64 fields written, one int32 ``req_to_token`` read), verify 88 B per entry (four plan fields, the
@@ -349,6 +352,19 @@ class Timer:
         torch.cuda.synchronize()
         us = max(50.0, 3e6 * max(host) + 20.0)
         return int(us * self.cycles_per_us)
+
+    def sm_mhz(self) -> float:
+        """The SM clock now, in MHz: a short and a long ``torch.cuda._sleep`` (about 0.5 and 1.5 ms) timed with
+        events; the difference of their cycles over the difference of their times cancels the launch cost."""
+        n = int(500 * self.cycles_per_us)
+        ev = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
+        ev[0].record()
+        torch.cuda._sleep(n)
+        ev[1].record()
+        torch.cuda._sleep(3 * n)
+        ev[2].record()
+        torch.cuda.synchronize()
+        return 2 * n / ((ev[1].elapsed_time(ev[2]) - ev[0].elapsed_time(ev[1])) * 1e3)
 
     def eager(self, fn, *, runs: int, warmup: int, flush: bool = True) -> float:
         """Median GPU microseconds of one ``fn()`` launch."""
@@ -744,6 +760,7 @@ class Row:
     eager_us: float
     graph_us: float | None
     host_us: float | None
+    sm_mhz: float | None = None
 
 
 def fmt(x, spec=".1f"):
@@ -756,7 +773,7 @@ def bytes_per_unit(op: str, mode: str) -> int:
 
 def table(rows: list[Row], copy_gbs: float) -> str:
     head = ("| shape | layout | real-KV | op | units | B/unit | eager µs | graph µs | eager % copy | graph % copy "
-            "| host µs | ns/token |")
+            "| host µs | ns/token | SM MHz |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         bpu = bytes_per_unit(r.op, r.mode)
@@ -773,7 +790,7 @@ def table(rows: list[Row], copy_gbs: float) -> str:
         lines.append(
             f"| {r.shape} | {r.layout} | {r.mode} | {r.op} | {r.units:,} | {bpu or '-'} | {fmt(r.eager_us, '.2f')} "
             f"| {fmt(r.graph_us, '.2f')} | {fmt(pct(r.eager_us))} | {fmt(pct(r.graph_us))} | {fmt(r.host_us, '.1f')} "
-            f"| {fmt(ns_tok)} |"
+            f"| {fmt(ns_tok)} | {fmt(r.sm_mhz, '.0f')} |"
         )
     return "\n".join(lines)
 
@@ -828,7 +845,8 @@ def main(argv=None) -> int:
 
     timer = Timer(dev)
     copy_gbs = copy_bandwidth(timer, args.runs)
-    header.append(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write, 1 GiB, median of {args.runs})")
+    header.append(f"device-to-device copy: {copy_gbs:.0f} GB/s (read + write, 1 GiB, median of {args.runs}); "
+                  f"SM clock {timer.sm_mhz():.0f} MHz after it")
     print(header[-1], flush=True)
 
     rows: list[Row] = []
@@ -893,11 +911,12 @@ def main(argv=None) -> int:
                     failures.append(f"{shape}/{layout}/{mode.name} {op}: graph capture failed: "
                                     f"{type(e).__name__}: {e}")
                     torch.cuda.synchronize()
-            rows.append(Row(shape, layout, mode.name, op, units, eager, graph, host))
+            mhz = timer.sm_mhz()
+            rows.append(Row(shape, layout, mode.name, op, units, eager, graph, host, mhz))
             if hasattr(fn, "geometry"):
                 floor_geometries.append(f"{shape} {layout} {mode.name} {op} {fn.geometry}")
             print(f"  {op:15s} units {units:>10,}  eager {eager:9.2f} µs  graph {fmt(graph, '9.2f')} µs  "
-                  f"host {host:6.1f} µs", flush=True)
+                  f"host {host:6.1f} µs  SM {mhz:5.0f} MHz", flush=True)
         torch.cuda.synchronize()
         after = case.violations()
         if after:

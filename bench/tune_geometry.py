@@ -149,6 +149,7 @@ def main(argv=None) -> int:
     eager: dict[tuple, float] = {}
     graph: dict[tuple, float] = {}
     info: dict[tuple, tuple] = {}
+    mhz: list[float] = []  # the SM clock after each timing (bench_cuda.Timer.sm_mhz)
     failures: list[str] = []
     work = Path(tempfile.mkdtemp(prefix="kvc_tune_"))
     try:
@@ -172,8 +173,9 @@ def main(argv=None) -> int:
                 # as bench_cuda.py: about 2 ms of launches per replay
                 reps = max(1, min(20, int(2000 / max(eager[key], 1e-3))))
                 graph[key] = timer.graph(fn, runs=args.runs, reps=reps)
+                mhz.append(timer.sm_mhz())
                 print(f"  {name(var)} {shape} {layout} {mode.name}: eager {eager[key]:.2f} µs, graph "
-                      f"{graph[key]:.2f} µs", flush=True)
+                      f"{graph[key]:.2f} µs, SM {mhz[-1]:.0f} MHz", flush=True)
             if case.violations():
                 failures.append(f"{shape}/{layout}/{mode.name}: {case.violations()} violations while timing")
             del case
@@ -182,7 +184,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
-    head = ("entries/thread x blocks/SM (x step in row)" if not is_write
+    head = ("entries/thread x blocks/SM (x step in row x lead)" if not is_write
             else "threads x blocks/SM x rows/thread x block stamps x spread")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",
@@ -198,7 +200,8 @@ def main(argv=None) -> int:
         rp = info.get((var, "PARTIAL"), (0, 0))
         lines.append(f"| {name(var)} | {rn[0]} / {rp[0]} | {rn[1]} / {rp[1]} | "
                      + " | ".join(cell((var, *c)) for c in cols) + " |")
-    lines += ["", "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures))]
+    lines += ["", f"SM clock after each timing: {min(mhz, default=0):.0f}-{max(mhz, default=0):.0f} MHz",
+              "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures))]
     text = "\n".join(lines)
     print(text)
     if os.environ.get("OUT"):
