@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=3, help="timed graph replays; the last one's record is printed")
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--variant", default="shipped",
-                    help="the kernel's defines as one bench/tune_geometry.py verify_table variant (UxBxSxL)")
+                    help="the kernel's defines as one bench/tune_geometry.py verify_table variant (UxBxSxLxM)")
     args = ap.parse_args(argv)
     import tune_geometry as tg
 

@@ -7,14 +7,16 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxL`` sets ``U`` entries per thread per
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxM`` sets ``U`` entries per thread per
 step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``),
-``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``) and ``L`` (1: a warp's range starts at
-its lead, the entry before it, loaded and hashed but not checked, ``KVC_VT_LEAD_ENTRY``).
-``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxP`` sets ``T`` threads per block, ``B``
-blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp) and
-``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) (``KVC_WT_THREADS``,
-``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``). A variant may give only
+``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``), ``L`` (1: a warp's range starts at
+its lead, the entry before it, loaded and hashed but not checked, ``KVC_VT_LEAD_ENTRY``) and ``M`` (1: the 64-bit
+modules' multiplies in three instructions too, ``KVC_VT_MUL3_ALL``; time it without ``--flat32``).
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxM`` sets ``T`` threads per block,
+``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
+``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``M`` (1:
+splitmix64's multiplies in three instructions) (``KVC_WT_THREADS``, ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``,
+``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``, ``KVC_WT_MUL3``). A variant may give only
 the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each
 variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so
 a variant is what the library would run (the CPU suite compiles every default variant:
@@ -53,14 +55,14 @@ KERNELS = {
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
-                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",)],
-                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1", "verify_table",
+                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",)],
+                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
-                     ("KVC_WT_SPREAD",)],
-                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1", "write_table",
+                     ("KVC_WT_SPREAD",), ("KVC_WT_MUL3",)],
+                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1,256x1x4x1x1x1", "write_table",
                     lambda kv: dict(input_assert=False, has_real_kv=kv, contexts=1)),
 }
 _original: list[Path] = []
@@ -184,8 +186,8 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
-    head = ("entries/thread x blocks/SM (x step in row x lead)" if not is_write
-            else "threads x blocks/SM x rows/thread x block stamps x spread")
+    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all)" if not is_write
+            else "threads x blocks/SM x rows/thread x block stamps x spread (x mul3)")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",
              f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)

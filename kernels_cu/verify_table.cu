@@ -60,8 +60,12 @@
 // covered by a folded source (>= slot_limit), or whose prev is >= num_slots, gets the single row
 // (tag, slot, position, -1, expected_token or -1, 0, prev, SLOT_OUT_OF_RANGE).
 
-// The 32-bit modules take splitmix64's multiplies as three multiply-adds (common.cuh, kvc_mul64).
-#if defined(KVC_FLAT32) && KVC_FLAT32
+// The 32-bit modules take splitmix64's multiplies as three multiply-adds (common.cuh, kvc_mul64); with
+// KVC_VT_MUL3_ALL 1 the 64-bit ones (block tables: the paged engines' path) do too. For those, statically 1-6 %
+// fewer instructions per module, no spills (nvcc 13.0, sm_90; the PARTIAL modules gain most, their fold being
+// splitmix64 too), not yet timed on a GPU: off (bench/tune_geometry.py's fifth number).
+#define KVC_VT_MUL3_ALL 0
+#if (defined(KVC_FLAT32) && KVC_FLAT32) || KVC_VT_MUL3_ALL
 #define KVC_MUL3 1
 #endif
 #include "common.cuh"

@@ -39,6 +39,13 @@
 // [sum of write_len of the rows before it, + write_len); invalid and padding rows write nothing and take no
 // tokens.
 
+// 1: splitmix64's multiplies as three instructions instead of four (KVC_MUL3, common.cuh's kvc_mul64, as in the
+// verify's 32-bit modules): a shorter dependent chain per hash, which is what a long request's chain walker waits
+// on. Not yet timed on a GPU: off (bench/tune_geometry.py's sixth number).
+#define KVC_WT_MUL3 0
+#if KVC_WT_MUL3
+#define KVC_MUL3 1
+#endif
 #include "write_core.cuh"
 
 #ifndef KVC_INPUT_ASSERT
