@@ -71,7 +71,8 @@ _PATCHES = (
     ("            if (base >= hi) break;", "replace",
      f"            if (base >= hi) {{\n                if (lane == 0) {{ {_W.format(1)} = clock64(); {_W.format(2)} = kvc_tl_gt();"
      f" {_W.format(3)} = kvc_tl_steps; }}\n                break;\n            }}"),
-    ("                if (c < nctx) kvc_vt_context(p.ctx[c], en, lead, &ws[3 + c]);  // block-uniform condition", "after",
+    ("            kvc_vt_step_rest<false>(p, t, nctx, lane, ws, en, raw, cell, prev_cell, look, lead);  // both kinds\n"
+     "#endif", "after",
      f"\n            if (lane == 0 && kvc_tl_steps == 0) {_W.format(0)} = clock64();\n            ++kvc_tl_steps;"),
     ("    if (blockIdx.x == 0) {  // block 0 counts", "before",
      f"    if (tid == 0) {{ {_B.format(6)} = kvc_tl_gt(); {_B.format(7)} = clock64(); }}\n"),
@@ -144,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=3, help="timed graph replays; the last one's record is printed")
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--variant", default="shipped",
-                    help="the kernel's defines as one bench/tune_geometry.py verify_table variant (UxBxSxLxM)")
+                    help="the kernel's defines as one bench/tune_geometry.py verify_table variant (UxBxSxLxMxC)")
     args = ap.parse_args(argv)
     import tune_geometry as tg
 

@@ -7,11 +7,13 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxM`` sets ``U`` entries per thread per
-step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``, ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``),
-``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``), ``L`` (1: a warp's range starts at
-its lead, the entry before it, loaded and hashed but not checked, ``KVC_VT_LEAD_ENTRY``) and ``M`` (1: the 64-bit
-modules' multiplies in three instructions too, ``KVC_VT_MUL3_ALL``; time it without ``--flat32``).
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxMxC`` sets ``U`` entries per thread
+per step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``,
+``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``), ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``),
+``L`` (1: a warp's range starts at its lead, the entry before it, loaded and hashed but not checked,
+``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in three instructions too, ``KVC_VT_MUL3_ALL``;
+time it without ``--flat32``) and ``C`` (1: a step inside one row runs its own copy of the rest of the step,
+``KVC_VT_IN_ROW_SPLIT``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxM`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``M`` (1:
@@ -55,8 +57,9 @@ KERNELS = {
     "verify_table": ("verify_table.cu", "kvc_verify_from_table",
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
-                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",)],
-                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1", "verify_table",
+                      ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",),
+                      ("KVC_VT_IN_ROW_SPLIT",)],
+                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1,2x4x1x0x0x1", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
@@ -186,7 +189,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     what = "eager / graph"
-    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all)" if not is_write
+    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all x in-row copy)" if not is_write
             else "threads x blocks/SM x rows/thread x block stamps x spread (x mul3)")
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs {what} (eager: L2 flushed; median "
              f"of {args.runs})", "",

@@ -110,6 +110,12 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // ones: docs/BENCHMARKS.md, the timeline). Ranges then hold 64k - 1 entries, so a range and its lead fill k steps
 // (bench/tune_geometry.py's fourth number). Not yet timed on a GPU, so off.
 #define KVC_VT_LEAD_ENTRY 0
+// 1: a step inside one row (KVC_VT_STEP_IN_ROW) runs its own copy of the rest of the step (slots, predecessors,
+// each context's checks), compiled knowing that every entry is real and takes its neighbour's predecessor, so that
+// no per-entry flags are kept or tested there: in the A NONE 32-bit module (nvcc 13.0) such a step without a
+// violation runs 245 instructions instead of 284, for 21 % more code (2,304 -> 2,792) and 54 registers instead of
+// 48; no module spills. Not yet timed on a GPU: off (bench/tune_geometry.py's sixth number).
+#define KVC_VT_IN_ROW_SPLIT 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -241,7 +247,9 @@ struct KvcVtEntries {
 // The checks of one context for a step's entries (every lane calls it: the appends are warp-collective).
 // *hash_carry (lane 0 only, warp-private shared memory): slot_hash of the last entry of the warp's previous step,
 // the predecessor of this step's first entry when en.nb[0] holds on lane 0; left holding this step's last.
-// lead (lane 0): entry u = 0 is the warp's lead (KVC_VT_LEAD_ENTRY), hashed for lane 1 and not checked.
+// lead (lane 0): entry u = 0 is the warp's lead (KVC_VT_LEAD_ENTRY), hashed for lane 1 and not checked. IN_ROW: a
+// step inside one row (KVC_VT_IN_ROW_SPLIT), whose every entry's predecessor is lane - 1's (en.nb all true, no lead).
+template <bool IN_ROW>
 __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const KvcVtEntries& en, bool lead,
                                                volatile kvc_i64* hash_carry_smem) {
     const unsigned char* canary = x.canary;
@@ -281,7 +289,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
     }
     const int lane = (int)(threadIdx.x & 31);
     kvc_i64 hash_carry = 0;  // lane 0: slot_hash of entry (u - 1, lane 31), or of the previous step's last
-    if (kvc::kVtCarry && lane == 0 && en.nb[0]) hash_carry = *hash_carry_smem;
+    if (kvc::kVtCarry && lane == 0 && (IN_ROW || en.nb[0])) hash_carry = *hash_carry_smem;
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_vt_slot s = en.slot[u], prev = en.prev[u];
@@ -295,7 +303,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         const bool oor = live & (((kvc_vt_uslot)s >= (kvc_vt_uslot)limit) | (prev >= num_slots));
         const bool checked = live & !oor;
         // A predecessor in [1, num_slots) that is not lane - 1's entry: its slot_hash from its record.
-        if (checked && !en.nb[u] && prev > 0) {
+        if (!IN_ROW && checked && !en.nb[u] && prev > 0) {
             if (kvc::kVtEarlyLoads) {
                 pred = (kvc_i64)kvc_record_hash(p_hash[u], p_tok[u], p_pos[u]);
             } else {
@@ -318,7 +326,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         const bool tok_bad = false;
 #endif
         bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
-        if (kvc::kVtLead && u == 0 && lead) want = false;  // the lead: hashed for lane 1, not checked
+        if (kvc::kVtLead && !IN_ROW && u == 0 && lead) want = false;  // the lead: hashed for lane 1, not checked
         if (!__all_sync(kvc::kFullMask, !want)) {
             kvc_i64 bits = 0;
             if (chain_bad) bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
@@ -332,6 +340,48 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         }
     }
     if (kvc::kVtCarry && lane == 0) *hash_carry_smem = hash_carry;  // lane 31's last: the next step's predecessor
+}
+
+// The rest of a step once its entries' rows are known: slots from the table values, predecessors from the
+// neighbours (lane 0's from the warp's previous step, ws[2], when en.nb[0]), then each context's checks (ws: the
+// warp's row of s_warp). IN_ROW (KVC_VT_IN_ROW_SPLIT: a copy of its own for a step inside one row): every entry is
+// real and takes lane - 1's entry as its predecessor, known at compile time.
+template <bool IN_ROW>
+__device__ __forceinline__ void kvc_vt_step_rest(const KvcVerifyTableParams& p, const KvcTableParams& t, int nctx,
+                                                 int lane, volatile kvc_i64* ws, KvcVtEntries& en,
+                                                 int (&raw)[kvc::kVtUnroll], const KvcTableCell (&cell)[kvc::kVtUnroll],
+                                                 const KvcTableCell (&prev_cell)[kvc::kVtUnroll],
+                                                 const bool (&look)[kvc::kVtUnroll], bool lead) {
+    if (!kvc::kVtEarlyLoads && !kvc_vt_paged(t)) {
+#pragma unroll
+        for (int u = 0; u < kvc::kVtUnroll; ++u)
+            if (IN_ROW || en.act[u]) en.slot[u] = kvc_vt_slot_of(t, (kvc_i64)raw[u]);
+    }
+    if (kvc::kVtEarlyLoads) {  // (never with IN_ROW: a step inside a row needs per-warp ranges)
+        int raw_prev[kvc::kVtUnroll];
+#pragma unroll
+        for (int u = 0; u < kvc::kVtUnroll; ++u) {
+            raw[u] = en.act[u] ? __ldg(cell[u].at) : 0;
+            raw_prev[u] = look[u] ? __ldg(prev_cell[u].at) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < kvc::kVtUnroll; ++u) {
+            if (en.act[u]) en.slot[u] = kvc_vt_slot_of(t, kvc_table_value(t, cell[u], raw[u]));
+            if (look[u]) en.prev[u] = kvc_vt_slot_of(t, kvc_table_value(t, prev_cell[u], raw_prev[u]));
+        }
+    }
+    // Lane 0 starts from the previous step's last slot (in s_warp when en.nb[0]), then takes lane 31's.
+    kvc_vt_slot slot_carry = (kvc::kVtCarry && lane == 0 && (IN_ROW || en.nb[0])) ? (kvc_vt_slot)ws[2] : 0;
+#pragma unroll
+    for (int u = 0; u < kvc::kVtUnroll; ++u) {
+        const kvc_vt_slot s = __shfl_sync(kvc::kFullMask, en.slot[u], (lane + kvc::kWarpSize - 1) & 31);
+        if (IN_ROW || en.nb[u]) en.prev[u] = lane > 0 ? s : slot_carry;
+        slot_carry = s;
+    }
+    if (kvc::kVtCarry && lane == 0) ws[2] = slot_carry;
+#pragma unroll
+    for (int c = 0; c < KVC_CONTEXTS; ++c)  // the launcher never passes more (specs.contexts_spec)
+        if (c < nctx) kvc_vt_context<IN_ROW>(p.ctx[c], en, lead, &ws[3 + c]);  // block-uniform condition
 }
 
 // The batch's `total` entries are cut into one contiguous range per warp of the grid, `per` entries each (a
@@ -557,6 +607,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                 }
                 hint = r0;
+#if KVC_VT_IN_ROW_SPLIT
+                kvc_vt_step_rest<true>(p, t, nctx, lane, ws, en, raw, cell, prev_cell, look, lead);
+#endif
             } else {
                 // Entry lo on lane 0 is the lead in the warp's first step of the tile when the tile holds it.
                 if (kvc::kVtLead) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
@@ -601,37 +654,13 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
                     }
                 }
+#if KVC_VT_IN_ROW_SPLIT
+                kvc_vt_step_rest<false>(p, t, nctx, lane, ws, en, raw, cell, prev_cell, look, lead);
+#endif
             }
-            if (!kvc::kVtEarlyLoads && !kvc_vt_paged(t)) {
-#pragma unroll
-                for (int u = 0; u < kvc::kVtUnroll; ++u)
-                    if (en.act[u]) en.slot[u] = kvc_vt_slot_of(t, (kvc_i64)raw[u]);
-            }
-            if (kvc::kVtEarlyLoads) {
-                int raw_prev[kvc::kVtUnroll];
-#pragma unroll
-                for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                    raw[u] = en.act[u] ? __ldg(cell[u].at) : 0;
-                    raw_prev[u] = look[u] ? __ldg(prev_cell[u].at) : 0;
-                }
-#pragma unroll
-                for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                    if (en.act[u]) en.slot[u] = kvc_vt_slot_of(t, kvc_table_value(t, cell[u], raw[u]));
-                    if (look[u]) en.prev[u] = kvc_vt_slot_of(t, kvc_table_value(t, prev_cell[u], raw_prev[u]));
-                }
-            }
-            // Lane 0 starts from the previous step's last slot (in s_warp when en.nb[0]), then takes lane 31's.
-            kvc_vt_slot slot_carry = (kvc::kVtCarry && lane == 0 && en.nb[0]) ? (kvc_vt_slot)ws[2] : 0;
-#pragma unroll
-            for (int u = 0; u < kvc::kVtUnroll; ++u) {
-                const kvc_vt_slot s = __shfl_sync(kvc::kFullMask, en.slot[u], (lane + kvc::kWarpSize - 1) & 31);
-                if (en.nb[u]) en.prev[u] = lane > 0 ? s : slot_carry;
-                slot_carry = s;
-            }
-            if (kvc::kVtCarry && lane == 0) ws[2] = slot_carry;
-#pragma unroll
-            for (int c = 0; c < KVC_CONTEXTS; ++c)  // the launcher never passes more (specs.contexts_spec)
-                if (c < nctx) kvc_vt_context(p.ctx[c], en, lead, &ws[3 + c]);  // block-uniform condition
+#if !KVC_VT_IN_ROW_SPLIT
+            kvc_vt_step_rest<false>(p, t, nctx, lane, ws, en, raw, cell, prev_cell, look, lead);  // both kinds
+#endif
         }
     }
 

@@ -185,16 +185,16 @@ def test_verify_table_emulated_many_rows(emu, vt_flat32, vt_steps, n_active, blo
     assert _flat32_launched(emu) == {vt_flat32 and not paged}
 
 
-@pytest.fixture(params=[(0, 0), (1, 0), (0, 1), (1, 1)],
-                ids=["rows-searched", "step-in-row", "lead", "step-in-row+lead"])
-def vt_steps(request, tmp_path) -> Iterator[tuple[int, int]]:
-    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW`` and ``KVC_VT_LEAD_ENTRY`` set to the parameter's two values (a
-    copy; the source's own values aside): the ways a warp's step without real KV may take its rows and its first
-    entry's predecessor."""
-    step_in_row, lead = request.param
+@pytest.fixture(params=[(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 1, 0), (1, 0, 1), (1, 1, 1)],
+                ids=["rows-searched", "step-in-row", "lead", "step-in-row+lead", "in-row-copy", "in-row-copy+lead"])
+def vt_steps(request, tmp_path) -> Iterator[tuple[int, int, int]]:
+    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW``, ``KVC_VT_LEAD_ENTRY`` and ``KVC_VT_IN_ROW_SPLIT`` set to the
+    parameter's three values (a copy; the source's own values aside): the ways a warp's step without real KV may
+    take its rows, its first entry's predecessor and the rest of a step inside one row."""
+    step_in_row, lead, split = request.param
     src = edited_copy(tmp_path / "kernels_cu", "verify_table.cu",
-                      lambda text: set_define(set_define(text, "KVC_VT_STEP_IN_ROW", step_in_row),
-                                              "KVC_VT_LEAD_ENTRY", lead))
+                      lambda text: set_define(set_define(set_define(text, "KVC_VT_STEP_IN_ROW", step_in_row),
+                                                         "KVC_VT_LEAD_ENTRY", lead), "KVC_VT_IN_ROW_SPLIT", split))
     with kernels_from(src):
         yield request.param
 

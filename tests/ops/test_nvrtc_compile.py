@@ -349,7 +349,7 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
             assert [int(re.search(rf"^#define {n} (\d+)", text, re.M).group(1)) for names, _ in zip(defines, values)
                     for n in names] == [v for names, v in zip(defines, values) for _ in names]
             spec_flags = flags(False)
-            if kernel == "verify_table" and len(values) >= 5:
+            if kernel == "verify_table" and len(values) >= 5 and values[4] == 1:
                 spec_flags["flat32"] = False  # KVC_VT_MUL3_ALL changes the 64-bit modules only
             with kernels_from(dst):
                 spec = kspecs.spec_for(kernel, **spec_flags)
@@ -362,8 +362,8 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     assert tg.parse_variants("write_table", "shipped, 256x1x4x1x0") == [(), (256, 1, 4, 1, 0)]
     assert tg.variant_source("write_table", (), "#define KVC_WT_THREADS 256\n") == "#define KVC_WT_THREADS 256\n"
     assert tg.parse_variants("verify_table", "2x4,2x4x0,2x4x1x1") == [(2, 4), (2, 4, 0), (2, 4, 1, 1)]
-    with pytest.raises(ValueError, match="more than 5 numbers"):
-        tg.parse_variants("verify_table", "2x4x1x1x1x1")
+    with pytest.raises(ValueError, match="more than 6 numbers"):
+        tg.parse_variants("verify_table", "2x4x1x1x1x1x1")
     with pytest.raises(ValueError, match="more than 6 numbers"):
         tg.parse_variants("write_table", "shipped,256x1x4x1x1x1x1")
     short = tg.variant_source("write_table", (128,), "#define KVC_WT_THREADS 256\n#define KVC_WT_SPREAD 1\n")
