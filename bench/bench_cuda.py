@@ -274,8 +274,7 @@ def use_kernels_dir(path) -> None:
     from kvcanary.ops.cuda import grids, launch, loader, specs
 
     specs.kernels_dir = lambda d=path: d  # type: ignore[assignment]
-    for fn in (specs._file_source, specs.int_define, grids.verify_table_grid, grids.write_table_grid):
-        fn.cache_clear()
+    grids.clear_source_caches()
     loader._modules.clear()
     loader._kernels.clear()
     loader._functions.clear()

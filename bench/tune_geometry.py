@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -92,9 +91,7 @@ def variant_source(kernel: str, values: tuple[int, ...], text: str) -> str:
         raise ValueError(f"a {kernel} variant has at most {len(defines)} numbers, got {values}")
     for names, value in zip(defines, values):
         for name in names:
-            text, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
-            if n != 1:
-                raise ValueError(f"{KERNELS[kernel][0]} has {n} lines '#define {name} <int>', not one")
+            text = specs.set_int_define(text, name, value, KERNELS[kernel][0])
     return text
 
 

@@ -29,7 +29,7 @@ from kvcanary.ops.cuda import grids, specs
 from kvcanary.ops.cuda import verify_table as cuda_verify_table
 from support.cuda_emu import build, compiler, emulated_cuda
 from support.gpu_util import assert_same_bytes, compare_logs, random_bytes, rng_for
-from support.kernel_source import edited_copy, kernels_from, set_define
+from support.kernel_source import edited_copy, kernels_from
 from support.table_cases import (
     make_canary_case,
     make_canary_cases,
@@ -191,10 +191,12 @@ def vt_steps(request, tmp_path) -> Iterator[tuple[int, int, int]]:
     """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW``, ``KVC_VT_LEAD_ENTRY`` and ``KVC_VT_IN_ROW_SPLIT`` set to the
     parameter's three values (a copy; the source's own values aside): the ways a warp's step without real KV may
     take its rows, its first entry's predecessor and the rest of a step inside one row."""
-    step_in_row, lead, split = request.param
-    src = edited_copy(tmp_path / "kernels_cu", "verify_table.cu",
-                      lambda text: set_define(set_define(set_define(text, "KVC_VT_STEP_IN_ROW", step_in_row),
-                                                         "KVC_VT_LEAD_ENTRY", lead), "KVC_VT_IN_ROW_SPLIT", split))
+    def switched(text: str) -> str:
+        for name, value in zip(("KVC_VT_STEP_IN_ROW", "KVC_VT_LEAD_ENTRY", "KVC_VT_IN_ROW_SPLIT"), request.param):
+            text = specs.set_int_define(text, name, value)
+        return text
+
+    src = edited_copy(tmp_path / "kernels_cu", "verify_table.cu", switched)
     with kernels_from(src):
         yield request.param
 

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
     import timeline_verify_table as tl
+    import tune_geometry as tg
 finally:
     sys.path.remove(str(ROOT / "bench"))
 
@@ -34,11 +35,6 @@ def test_every_anchor_is_in_the_kernel_once_and_gets_its_store():
 
 def test_a_tune_geometry_variant_is_instrumented_too():
     """``--variant``: the kernel's defines set as ``bench/tune_geometry.py`` sets them, then the same stores."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import tune_geometry as tg
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
     src = (ROOT / "kernels_cu" / "verify_table.cu").read_text()
     (values,) = tg.parse_variants("verify_table", "2x4x1x1")
     out = tl.instrumented_source(tg.variant_source("verify_table", values, src))

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache, lru_cache
 
+from kvcanary.ops.cuda import specs
 from kvcanary.ops.cuda.specs import int_define
 from kvcanary.ops.interop import import_cupy
 
@@ -24,6 +25,15 @@ class Grid:
 
     blocks: int
     threads: int
+
+
+def clear_source_caches() -> None:
+    """Forget everything read from the kernel sources: their texts and integer defines
+    (:func:`kvcanary.ops.cuda.specs.clear_source_caches`) and every grid built from the defines (the SM counts
+    stay), for a caller that points ``specs.kernels_dir`` at another copy of ``kernels_cu/``."""
+    specs.clear_source_caches()
+    for fn in (plan_grids, verify_grid, write_grid, verify_table_grid, write_table_grid, records_grid, scatter_grid):
+        fn.cache_clear()
 
 
 @cache

@@ -90,6 +90,24 @@ def int_define(source_file: str, name: str) -> int:
     raise LookupError(f"kv-canary: no integer #define {name} in {source_file}")
 
 
+def clear_source_caches() -> None:
+    """Forget the kernel sources' texts and integer defines read so far (for a caller that points
+    :func:`kernels_dir` at another copy of ``kernels_cu/``; :func:`kvcanary.ops.cuda.grids.clear_source_caches` also
+    forgets the grids built from them)."""
+    _file_source.cache_clear()
+    int_define.cache_clear()
+
+
+def set_int_define(text: str, name: str, value: int, where: str = "the text") -> str:
+    """``text`` (a kernel source) with its one ``#define NAME <integer>`` line set to ``value`` (a trailing comment
+    kept); ValueError unless there is exactly one such line (``where`` names the source in the message). For
+    edited copies of the kernels: bench/tune_geometry.py's variants, the tests' switched sources."""
+    out, n = re.subn(rf"^#define {name} \d+", f"#define {name} {value}", text, flags=re.M)
+    if n != 1:
+        raise ValueError(f"kv-canary: {where} has {n} lines '#define {name} <int>', not one")
+    return out
+
+
 @dataclass(frozen=True)
 class KernelSpec:
     """One compiled module: ``source_file`` specialized by ``defines``, exporting ``entry_points``."""
