@@ -9,6 +9,7 @@ state (``support.table_cases``), poisoned outputs included, and compares every b
 multiset: several threads append). Sizes are small (emulated threads are slow) but cross the kernels' tile and
 chunk boundaries, and grids are sized for one SM, so several blocks share the work.
 
+``test_kernels_sanitized.py`` runs this module again under AddressSanitizer and UndefinedBehaviorSanitizer.
 ``KVCANARY_EMU_CFLAGS=-fsanitize=thread`` (with ``LD_PRELOAD`` of libtsan) runs the kernels under ThreadSanitizer:
 it reports races on global memory, but its view of shared-memory races is incomplete (the emulated barriers
 synchronize more than a GPU does); compute-sanitizer's racecheck on the GPU is the reference for those.
@@ -267,12 +268,19 @@ def test_verify_table_emulated_ranges_at_rows_and_tiles(emu, vt_flat32, vt_steps
     255 entries: warp 20's starts the second tile (no lead there: its first entry's predecessor is looked up) and
     warps 21-31 take one long row each, their lead the previous row's last entry (loaded and hashed, not checked;
     checked twice, its violation would be logged twice). Without the lead the ranges (256) fall elsewhere. A fifth
-    of the records corrupted, some slots out of range."""
+    of the records corrupted, some slots out of range. The first row is pool row 0 (its window starts at position
+    0): a lead wrongly taken before the first tile's first entry would read the int before the table, which the
+    sanitized run of this module (test_kernels_sanitized.py) reports."""
     rng = rng_for("emu-verify_table-leads")
-    b = make_table_batch(rng, block_size=16, max_blocks=128, n_active=268, max_reqs=270, n_padding=0, n_invalid=0,
-                         window=255, max_extend=1)
+    while True:  # every pool row is some row's; pool row 0's prefix long enough for a first-tile share
+        b = make_table_batch(rng, block_size=16, max_blocks=128, n_active=268, max_reqs=268, n_padding=0,
+                             n_invalid=0, window=255, max_extend=1, pad_row=-1)
+        zero = int(np.flatnonzero(b.req_pool_indices.numpy() == 0)[0])
+        if int(b.prefix_lens[zero]) >= 20:
+            break
     orig = b.prefix_lens.numpy().copy()
     order = np.argsort(orig, kind="stable")  # the 12 longest prefixes last: the second tile
+    order = np.concatenate([[zero], order[order != zero]])  # pool row 0 first
     pre = orig[order].copy()
     short = np.minimum(pre[:256], np.where(np.arange(256) < 20, 19, 20))
     for i in np.flatnonzero(pre[:256] > short):  # rows too short for their share: the others take it
@@ -283,6 +291,7 @@ def test_verify_table_emulated_ranges_at_rows_and_tiles(emu, vt_flat32, vt_steps
     for name in ("req_pool_indices", "prefix_lens", "extend_seq_lens", "expected_valid_lens"):
         setattr(b, name, getattr(b, name)[torch.as_tensor(order)].clone())
     b.prefix_lens.copy_(torch.as_tensor(pre))
+    assert int(b.req_pool_indices[0]) == 0 and 0 < int(b.prefix_lens[0]) <= 255
     cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, stride=record_stride(rng, aligned=True),
                               ring_capacity=_ring(b))
     stamp_batch(rng, cases[0], b, corrupt=0.2)

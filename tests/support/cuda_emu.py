@@ -14,6 +14,7 @@ import contextlib
 import ctypes
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -38,6 +39,42 @@ def compiler() -> str | None:
     return None
 
 
+# The emulated kernels under AddressSanitizer and UndefinedBehaviorSanitizer (tests/ops/test_kernels_sanitized.py):
+# every report stops the run (UBSan's too), so a finding cannot scroll past as a warning.
+SANITIZER_CFLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer")
+
+
+def asan_runtime() -> str | None:
+    """The compiler's AddressSanitizer runtime (``libasan.so``), or None (no compiler, or one without it, e.g.
+    clang, whose runtime has another name). A Python that loads sanitized kernels must preload it: ASan's
+    allocator has to come before every other library's."""
+    cxx = compiler()
+    if cxx is None:
+        return None
+    proc = subprocess.run([cxx, "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=60)
+    path = proc.stdout.strip()
+    # gcc answers the bare name when it has no such file.
+    return path if proc.returncode == 0 and os.path.isabs(path) and os.path.isfile(path) else None
+
+
+def sanitized_env() -> dict[str, str] | None:
+    """The environment of a Python process whose emulated kernels are built and run with ASan and UBSan, or None
+    when the compiler has no ASan runtime. Both report on stderr (GCC's UBSan ignores a log path when ASan is
+    loaded), so run pytest with ``-s`` there: a capture would hold the report when the process stops. Leak checks
+    are off: the interpreter and torch keep allocations until exit by design."""
+    runtime = asan_runtime()
+    if runtime is None:
+        return None
+    env = dict(os.environ)
+    env.update(LD_PRELOAD=runtime, KVCANARY_EMU_CFLAGS=" ".join(SANITIZER_CFLAGS), ASAN_OPTIONS="detect_leaks=0",
+               UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1")
+    return env
+
+
+# The first line of an ASan report and of a UBSan one.
+SANITIZER_FINDING = re.compile(r"ERROR: AddressSanitizer|runtime error: ")
+
+
 def build(spec: specs.KernelSpec) -> Any:
     """The ctypes library running ``spec``'s kernels (``emu_launch(name, grid, block, params)``)."""
     driver = ['extern "C" int emu_launch(const char* name, int grid, int block, const void* params) {']
@@ -45,7 +82,7 @@ def build(spec: specs.KernelSpec) -> Any:
         driver.append(f'    if (std::strcmp(name, "{name}") == 0) {{ emu_run({name}, grid, block, params); return 0; }}')
     driver += ["    return 1;", "}"]
     text = '#include "cuda_emu.h"\n' + spec.source() + "\n".join(driver) + "\n"
-    extra = os.environ.get("KVCANARY_EMU_CFLAGS", "").split()  # e.g. -fsanitize=thread (see the test module)
+    extra = os.environ.get("KVCANARY_EMU_CFLAGS", "").split()  # SANITIZER_CFLAGS, or -fsanitize=thread
     key = hashlib.sha256((text + " ".join(extra)).encode()).hexdigest()[:24]
     if key in _libs:
         return _libs[key]
