@@ -6,6 +6,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m kvcanary demo [...]``: runs :func:`kvcanary.testing.demo.main`; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: python -m kvcanary demo [--device cpu|cuda] [--steps N] [--seed S] [--engine sim|transformers]\n\n"

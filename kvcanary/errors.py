@@ -25,4 +25,5 @@ def invalid(message: str) -> ValueError:
 
 
 def wrong_dtype(name: str, expected: str, actual: str) -> KvCanaryDTypeError:
+    """A :class:`KvCanaryDTypeError` naming the argument, the dtype it must have and the one it has."""
     return KvCanaryDTypeError(f"{PREFIX}{name} must have dtype {expected}, got {actual}")

@@ -23,6 +23,7 @@ def check_int(name: str, value: Any) -> int:
 
 
 def check_non_negative(name: str, value: Any) -> int:
+    """``value`` as an int (:func:`check_int`) if it is >= 0; else a ``kv-canary:`` ValueError naming ``name``."""
     v = check_int(name, value)
     if v < 0:
         raise invalid(f"{name} must be non-negative, got {v}")

@@ -308,10 +308,12 @@ class KVCanary:
 
     @property
     def violation_ring(self) -> torch.Tensor:
+        """int64 ``[ring_capacity, 8]``: the violation log's rows (SPEC §4), shared by every launch of this canary."""
         return self.state.violation_ring
 
     @property
     def violation_write_index(self) -> torch.Tensor:
+        """int32 ``[1]``: the ring's write index (rows appended so far, kept or not; a view into the status block)."""
         return self.state.violation_write_index
 
     @property
@@ -321,10 +323,13 @@ class KVCanary:
 
     @property
     def chain_position_flag(self) -> torch.Tensor:
+        """int32 ``[1]``: SPEC §4's ``enable_chain_position_assert`` of every launch (read by the writes: 0 during
+        warm-up and graph capture, then 1, when a write checks each token's position against its predecessor's)."""
         return self.state.chain_position_flag
 
     @property
     def mode(self) -> str:
+        """What a reported violation does: ``"log"`` (a WARNING), ``"raise"`` or ``"quiet"``; settable."""
         return self._mode
 
     @mode.setter

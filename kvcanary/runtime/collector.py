@@ -28,6 +28,7 @@ MODES = ("log", "raise", "quiet")
 
 
 def check_mode(mode: str) -> str:
+    """``mode`` if it is one of :data:`MODES`; else a ``kv-canary:`` ValueError naming them."""
     if mode not in MODES:
         raise invalid(f"mode must be one of {MODES}, got {mode!r}")
     return mode

@@ -73,13 +73,16 @@ class CanaryHealth:
 
     @property
     def ring_overflowed(self) -> bool:
+        """Whether more violations were appended than the ring holds (the rows past its capacity are lost)."""
         return self.violations_total > self.ring_capacity
 
     @property
     def violations_dropped(self) -> int:
+        """The violations counted but not kept in the ring (0 unless it overflowed)."""
         return max(0, self.violations_total - self.ring_capacity)
 
     def kernel_runs(self) -> dict[CanaryLaunchTag, int]:
+        """Each tag's ``kernel_run_counter`` (verify + write launches): what :meth:`CanaryWatchdog.observe` takes."""
         return {t: c.kernel_runs for t, c in self.tags.items()}
 
     def __str__(self) -> str:
@@ -135,4 +138,5 @@ class CanaryWatchdog:
             )
 
     def reset(self) -> None:
+        """Forget every observation (after a deliberate pause: the next ``patience`` observations cannot raise)."""
         self._history.clear()

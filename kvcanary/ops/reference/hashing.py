@@ -19,6 +19,7 @@ def u64(x: np.ndarray) -> np.ndarray:
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
+    """SPEC §3's splitmix64 finalizer, elementwise on uint64 (wrapping); ``kvc_splitmix64`` in ``common.cuh``."""
     x = np.asarray(x, dtype=np.uint64)
     with np.errstate(over="ignore"):
         x = (x ^ (x >> _S30)) * _M1

@@ -132,6 +132,7 @@ def write_meta(batch: WriteBatch) -> tuple[np.ndarray, np.ndarray, BatchRows]:
 
 
 def plan(launch: PlanLaunch) -> None:
+    """Fill ``launch``'s verify and write plans on the CPU (SPEC §5, §10); the CUDA twin is ``kernels_cu/plan.cu``."""
     bs = launch.bs
     vp = launch.verify
     cap = vp.capacity

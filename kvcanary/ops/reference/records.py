@@ -44,6 +44,8 @@ def _last_of_each(slots: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def gather_records(launch: RecordGatherLaunch) -> None:
+    """Copy the records of ``launch.slots`` into ``records_out`` (SPEC §13; the decisions above); CUDA twin:
+    ``kvc_gather_records`` in ``kernels_cu/records.cu``."""
     slots = launch.slots.host()
     n_slots = launch.canary.num_slots
     ok = (slots >= 0) & (slots < n_slots)
@@ -54,6 +56,7 @@ def gather_records(launch: RecordGatherLaunch) -> None:
 
 
 def scatter_records(launch: RecordScatterLaunch) -> None:
+    """Write ``records_in`` into the records of ``launch.slots`` (SPEC §13); CUDA twin: ``kvc_scatter_records``."""
     slots = launch.slots.host()
     n_slots = launch.canary.num_slots
     ok = np.flatnonzero((slots >= 0) & (slots < n_slots))
@@ -78,6 +81,8 @@ def _reads_after_writes(launch: RecordCopyLaunch, src: np.ndarray, dst: np.ndarr
 
 
 def copy_records(launch: RecordCopyLaunch) -> None:
+    """Copy records from ``src_slots`` of one buffer to ``dst_slots`` of another (or the same; SPEC §13); CUDA
+    twin: ``kvc_copy_records``."""
     src_slots = launch.src_slots.host()
     dst_slots = launch.dst_slots.host()
     s_n, d_n = launch.src.num_slots, launch.dst.num_slots

@@ -13,6 +13,8 @@ from kvcanary.ops.launches import ScatterLaunch
 
 
 def scatter(launch: ScatterLaunch) -> None:
+    """Scatter each request's token ids into its row of the expected-token pool (SPEC §8); the CUDA twin is
+    ``kernels_cu/scatter.cu``."""
     flat = launch.flat_in.host()
     offsets = launch.offsets.host()
     rpi = launch.req_pool_indices.host()

@@ -75,6 +75,8 @@ class BatchRows:
 
 
 def classify_rows(table: Table, rpi: np.ndarray, prefix: np.ndarray) -> BatchRows:
+    """Each batch row as valid, padding or invalid (SPEC §9, §10), from its pool index and prefix; the CUDA side
+    is ``kvc_row_valid`` in ``common.cuh``."""
     in_range = (rpi >= 0) & (rpi < table.max_reqs)
     padding = rpi == table.pad_row
     invalid = (~in_range & ~padding) | (prefix > table.max_seq_len)

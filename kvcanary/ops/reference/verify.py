@@ -28,6 +28,8 @@ from kvcanary.ops.reference.realkv import covered_slots, fingerprint
 
 
 def verify(launch: VerifyLaunch) -> None:
+    """Check the records named by ``launch``'s plan (SPEC §7): counters added, violations appended to the ring in
+    entry order; the CUDA twin is ``kernels_cu/verify.cu``."""
     ctx, plan = launch.ctx, launch.plan
     add_counter(ctx.kernel_run_counter, 1)
     if int(plan.enable.host()[0]) == 0:

@@ -17,6 +17,8 @@ from kvcanary.ops.reference.verify import check_entries
 
 
 def verify_from_table(launch: VerifyTableLaunch) -> None:
+    """Verify straight from the table (SPEC §11): §7's checks on the entries §5 would plan, for every context of
+    ``launch``; the CUDA twin is ``kernels_cu/verify_table.cu``."""
     e = verify_entries(launch)
     for ctx in launch.contexts:
         add_counter(ctx.kernel_run_counter, 1)

@@ -34,6 +34,8 @@ _OOR = int(FailReason.SLOT_OUT_OF_RANGE)
 
 
 def write(launch: WriteLaunch) -> None:
+    """Stamp the records of ``launch``'s write plan (SPEC §6): records, counters and violation rows in place; the
+    CUDA twin is ``kernels_cu/write.cu``."""
     ctx, plan = launch.ctx, launch.plan
     add_counter(ctx.kernel_run_counter, 1)
     n_req = max(0, min(int(plan.num_valid_reqs.host()[0]), plan.capacity))

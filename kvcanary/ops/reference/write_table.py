@@ -20,6 +20,8 @@ from kvcanary.ops.reference.write import write_requests
 
 
 def write_from_table(launch: WriteTableLaunch) -> None:
+    """Write straight from the table (SPEC §12): §6 on the metadata §5 would plan, for every context of
+    ``launch``; the CUDA twin is ``kernels_cu/write_table.cu``."""
     write_len, seeds, rows = write_meta(launch)
     offsets = np.zeros(launch.bs + 1, np.int64)
     np.cumsum(write_len, out=offsets[1:])
