@@ -44,7 +44,7 @@ def _last_of_each(slots: np.ndarray, idx: np.ndarray) -> np.ndarray:
 
 
 def gather_records(launch: RecordGatherLaunch) -> None:
-    """Copy the records of ``launch.slots`` into ``records_out`` (SPEC §13; the decisions above); CUDA twin:
+    """Copy the records of ``launch.slots`` into ``launch.records_out`` (SPEC §13; the decisions above); CUDA twin:
     ``kvc_gather_records`` in ``kernels_cu/records.cu``."""
     slots = launch.slots.host()
     n_slots = launch.canary.num_slots
@@ -56,7 +56,7 @@ def gather_records(launch: RecordGatherLaunch) -> None:
 
 
 def scatter_records(launch: RecordScatterLaunch) -> None:
-    """Write ``records_in`` into the records of ``launch.slots`` (SPEC §13); CUDA twin: ``kvc_scatter_records``."""
+    """Write ``launch.records`` into the records of ``launch.slots`` (SPEC §13); CUDA twin: ``kvc_scatter_records``."""
     slots = launch.slots.host()
     n_slots = launch.canary.num_slots
     ok = np.flatnonzero((slots >= 0) & (slots < n_slots))
