@@ -1,10 +1,11 @@
 """Planted kernel bugs for test_kernels_sanitized.py to catch (not collected by itself: its name is not ``test_*``).
 
-The write from the table is edited to do one of two things whose results are thrown away, so the emulation alone
+The write from the table is edited to do one of three things whose results are thrown away, so the emulation alone
 cannot tell; only a sanitizer sees them:
 
 * ``read_past_the_batch``: read ``req_pool_indices[bs]``, one row past the batch (AddressSanitizer);
-* ``signed_overflow``: add to the largest ``int64`` (UndefinedBehaviorSanitizer).
+* ``signed_overflow``: add to the largest ``int64`` (UndefinedBehaviorSanitizer);
+* ``read_past_shared``: read the int64 after the block's ``__shared__`` row offsets (AddressSanitizer).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ ANCHOR = "    const kvc_i64 first = tile + (kvc_i64)tid * items;\n"
 PLANTED = {
     "read_past_the_batch": "    if (tid == 0) { volatile kvc_i64 sink = b.req_pool_indices[b.bs]; (void)sink; }\n",
     "signed_overflow": "    if (tid == 0) { volatile kvc_i64 big = 0x7fffffffffffffffLL; big = big + b.bs; }\n",
+    "read_past_shared": "    if (tid == 0) { volatile kvc_i64 sink = s_start[kvc::kWtRows + 1]; (void)sink; }\n",
 }
 
 

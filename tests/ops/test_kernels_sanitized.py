@@ -14,7 +14,7 @@ this pass runs wherever the CPU suite runs, CI included, where no GPU is. Its li
 inside the same tensor is no memory error, so the differential tests' byte comparison has to catch it.
 
 The other tests show that the wiring catches something: ``sanitizer_probe.py`` plants, in the write from the table, a
-read one row past the batch and a signed overflow, neither of which changes a result.
+read one row past the batch, a signed overflow and a read past a ``__shared__`` array, none of which changes a result.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def test_emulated_kernels_under_sanitizers():
 @pytest.mark.parametrize("bug, finding", [
     ("read_past_the_batch", r"AddressSanitizer: heap-buffer-overflow.*\nREAD of size 8"),
     ("signed_overflow", r"runtime error: signed integer overflow"),
+    ("read_past_shared", r"AddressSanitizer: global-buffer-overflow.*\nREAD of size 8"),
 ])
 def test_sanitizers_catch_a_planted_bug(bug, finding):
     proc, reports = _pytest_sanitized("sanitizer_probe.py", 600, "-k", bug)
