@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import hashlib
 import os
 import re
@@ -44,10 +45,12 @@ def compiler() -> str | None:
 SANITIZER_CFLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=undefined", "-fno-omit-frame-pointer")
 
 
+@functools.cache
 def asan_runtime() -> str | None:
     """The compiler's AddressSanitizer runtime (``libasan.so``), or None (no compiler, or one without it, e.g.
     clang, whose runtime has another name). A Python that loads sanitized kernels must preload it: ASan's
-    allocator has to come before every other library's."""
+    allocator has to come before every other library's. Asked once per process (the skip condition and every
+    sanitized run read it)."""
     cxx = compiler()
     if cxx is None:
         return None
