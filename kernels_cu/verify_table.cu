@@ -107,8 +107,12 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // its first (the previous warp's last), loaded and hashed like the others but not checked, so that the first
 // entry's predecessor is lane 0's entry, handed on by the shuffle, rather than a table cell and then a record
 // looked up after the step's own loads (the warp's first step took about 7,000 cycles against 4,400 for the later
-// ones: docs/BENCHMARKS.md, the timeline). Ranges then hold 64k - 1 entries, so a range and its lead fill k steps
-// (bench/tune_geometry.py's fourth number). Not yet timed on a GPU, so off.
+// ones: docs/BENCHMARKS.md, the timeline). Ranges then hold 64k - 1 entries, so a range and its lead fill k steps.
+// The value is the most steps a range and its lead may take (0: never a lead): on an H200 (docs/BENCHMARKS.md,
+// 2026-12-05) a lead in every range made A shuffled NONE 3 % faster in a graph (ranges of four steps) but B 19 %
+// slower and B contiguous 43 % (32 steps; not explained yet: the per-step code is the same length, but the steps
+// no longer start at multiples of 64 entries, as they did in B's 8192-entry rows), so only short ranges take one
+// (bench/tune_geometry.py's fourth number).
 #define KVC_VT_LEAD_ENTRY 0
 // 1: a step inside one row (KVC_VT_STEP_IN_ROW) runs its own copy of the rest of the step (slots, predecessors,
 // each context's checks), compiled knowing that every entry is real and takes its neighbour's predecessor, so that
@@ -385,8 +389,8 @@ __device__ __forceinline__ void kvc_vt_step_rest(const KvcVerifyTableParams& p, 
 }
 
 // The batch's `total` entries are cut into one contiguous range per warp of the grid, `per` entries each (a
-// multiple of a warp's step, or with kVtLead one less, so that a range and its lead fill whole steps; the last
-// ranges may be short or empty): warp w of block b takes
+// multiple of a warp's step, or with leads (ranges of at most KVC_VT_LEAD_ENTRY steps) one less, so that a range
+// and its lead fill whole steps; the last ranges may be short or empty): warp w of block b takes
 // [(b * warps_per_block + w) * per, + per) clipped to total. Thread 0 writes range[0..3] = per, this block's
 // start and end (its warps' ranges together), total (the caller synchronizes); kept in shared memory, not in
 // registers, through the loop (the entry loop needs every register it can get). With grid-strided steps (real
@@ -401,8 +405,10 @@ __device__ __forceinline__ void kvc_vt_ranges(kvc_i64 total, volatile kvc_i64* r
     const kvc_i64 warps = (kvc_i64)gridDim.x * kvc::kVtWarps;
     kvc_i64 per, rem;
     kvc_divmod(total + warps - 1, warps, per, rem);
-    per = kvc::kVtLead ? (per + kvc::kVtWarpStep) / kvc::kVtWarpStep * kvc::kVtWarpStep - 1
-                       : (per + kvc::kVtWarpStep - 1) / kvc::kVtWarpStep * kvc::kVtWarpStep;
+    // With a lead a range takes per / step + 1 steps; an odd per (64k - 1) tells the tiles that ranges have leads.
+    per = kvc::kVtLead && per / kvc::kVtWarpStep + 1 <= KVC_VT_LEAD_ENTRY
+              ? (per + kvc::kVtWarpStep) / kvc::kVtWarpStep * kvc::kVtWarpStep - 1
+              : (per + kvc::kVtWarpStep - 1) / kvc::kVtWarpStep * kvc::kVtWarpStep;
     range[0] = per;
     range[1] = kvc_min64((kvc_i64)blockIdx.x * kvc::kVtWarps * per, total);
     range[2] = kvc_min64(range[1] + kvc::kVtWarps * per, total);
@@ -518,8 +524,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 const kvc_i64 per = s_walk[0], wstart = kvc_min64(s_walk[1] + warp * per, s_walk[2]);
                 wr[0] = kvc_max64(wstart - carry, 0);
                 wr[1] = kvc_min64(kvc_min64(wstart + per, s_walk[2]) - carry, tile_total);
-                if (kvc::kVtLead) {  // the lead, entry wstart - 1, when it is in this tile and so is the range
-                    const bool lead = wstart - carry >= 1 && wr[0] < wr[1];
+                if (kvc::kVtLead) {  // the lead, entry wstart - 1, when ranges have one (an odd per, kvc_vt_ranges)
+                    // and it is in this tile and so is the range
+                    const bool lead = (per & 1) != 0 && wstart - carry >= 1 && wr[0] < wr[1];
                     if (lead) wr[0] = wr[0] - 1;
                     wr[kLeadAt] = lead ? 1 : 0;
                 }
