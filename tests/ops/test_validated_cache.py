@@ -93,9 +93,9 @@ def test_a_verify_launch_of_arrays_that_are_not_torch_tensors_is_not_kept():
     ctx = log.context(canary_buf=buf, kernel_kind=kc.CanaryLaunchTag.HEAD_K_FULL)
     plan = kc.VerifyPlan.allocate(verify_capacity=4)
     plan.verify_num_valid.fill_(0)
-    before = len(validation._VERIFY_LAUNCHES)
+    before = len(validation.sglang_ops._VERIFY_LAUNCHES)
     a = validation.validate_verify(context=ctx, plan=plan, check_verify_expected_token=False)
     b = validation.validate_verify(context=ctx, plan=plan, check_verify_expected_token=False)
     assert a is not b and a.ctx.canary_buf.ptr == b.ctx.canary_buf.ptr
     assert not a.kept and not b.kept   # so no backend attaches work to them either
-    assert len(validation._VERIFY_LAUNCHES) == before
+    assert len(validation.sglang_ops._VERIFY_LAUNCHES) == before

@@ -470,16 +470,6 @@ def test_allocations_have_the_documented_shapes_and_sizes():
     assert sum(t.numel() * t.element_size() for t in tensors_in(log)) == kc.ViolationLog.allocation_bytes(7)
 
 
-def test_planner_capacity_checks():
-    assert validation.check_capacities(verify_capacity=3, write_req_capacity=0) == (3, 0)
-    with pytest.raises(ValueError) as e:
-        validation.check_capacities(verify_capacity=3, write_req_capacity=-2)
-    assert str(e.value) == "kv-canary: write_req_capacity must be non-negative, got -2"
-    with pytest.raises(ValueError) as e:
-        validation.check_capacities(verify_capacity=-3, write_req_capacity=-2)
-    assert str(e.value) == "kv-canary: verify_capacity must be non-negative, got -3"
-
-
 def _pool(shape, dtype=torch.uint8):
     return torch.zeros(shape, dtype=dtype)
 
