@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
@@ -38,9 +38,7 @@ from kvcanary.consts import CanaryLaunchTag, FailReason
 from kvcanary.errors import invalid
 from kvcanary.ops.structs import RealKvSource
 from kvcanary.runtime.report import Violation, reason_labels
-
-if TYPE_CHECKING:
-    from kvcanary.testing.engine import Batch, Row, ServingSimulation
+from kvcanary.testing.engine_types import Batch, EngineView, Row
 
 # When the expected row appears, relative to the edit (faults edit a batch after the scheduler built it
 # and before step("head"), or the tables / pools between steps).
@@ -194,13 +192,13 @@ def _continuing(batch: Batch, *, decode: bool, min_prefix: int = 1) -> list[Row]
             and (not decode or row.kind in ("decode", "verify"))]
 
 
-def _quarantine(sim: ServingSimulation, *, slots: Iterable[int] = (), requests: Iterable[Any] = ()) -> Callable[[], None]:
+def _quarantine(sim: EngineView, *, slots: Iterable[int] = (), requests: Iterable[Any] = ()) -> Callable[[], None]:
     # The containment of a fault in the engine model (arguments bound now, not when it runs).
     slots, requests = list(slots), list(requests)
     return lambda: sim.quarantine(slots=slots, requests=requests)
 
 
-def _swa_slot(sim: ServingSimulation, full_slot: int) -> int:
+def _swa_slot(sim: EngineView, full_slot: int) -> int:
     # The SWA slot the canary reads for a FULL slot: the table entry (0 = none).
     return int(sim.lut_host[full_slot])
 
@@ -252,7 +250,7 @@ def remap_req_to_token(req_to_token: torch.Tensor, *, req_pool_index: int, posit
 
 
 @target_finder(remap_req_to_token, groups=("full", "swa"))
-def _remap_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generator, *, kv: str,
+def _remap_target(sim: EngineView, batch: Batch, rng: np.random.Generator, *, kv: str,
                   group: str) -> Injection | None:
     # A request continuing with at least 3 cached positions; remap its position prefix - 2 (its successor is
     # cached too, and for SWA both it and its predecessor are inside the window) to another request's slot.
@@ -312,7 +310,7 @@ def flip_real_kv_byte(source: RealKvSource, *, slot: int, byte: int = 0, mask: i
 
 
 @target_finder(flip_real_kv_byte, groups=("full", "swa"), detected_by="tail")
-def _flip_real_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generator, *, kv: str,
+def _flip_real_target(sim: EngineView, batch: Batch, rng: np.random.Generator, *, kv: str,
                       group: str) -> Injection | None:
     # A cached position of a request in this batch (for SWA: inside its window). For the FULL group prefer
     # pages only that request holds, so that only its TAIL verify (no sweep) reads the slot.
@@ -353,7 +351,7 @@ def flip_idle_slot_byte(source: RealKvSource, *, slot: int, byte: int = 0, mask:
 
 
 @target_finder(flip_idle_slot_byte, detected_by="sweep")
-def _flip_idle_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generator, *, kv: str,
+def _flip_idle_target(sim: EngineView, batch: Batch, rng: np.random.Generator, *, kv: str,
                       group: str) -> Injection | None:
     # A cached page no running request holds; pinned, so no request attends to it until it is contained.
     idle = sim.idle_cache_pages()
@@ -410,13 +408,13 @@ def swap_input_tokens(input_ids: torch.Tensor, *, i: int, j: int, out_cache_loc:
                              f"input_ids[{i}] and input_ids[{j}] swapped ({a} <-> {b})")
 
 
-def _group_loc(sim: ServingSimulation, batch: Batch, group: str) -> torch.Tensor | None:
+def _group_loc(sim: EngineView, batch: Batch, group: str) -> torch.Tensor | None:
     # The slots a batch writes in the group's index space (they name the rows of that group's launches).
     return batch.out_cache_loc if group == "full" else batch.swa_out_cache_loc
 
 
 @target_finder(swap_input_tokens, groups=("full", "swa"))
-def _swap_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generator, *, kv: str,
+def _swap_target(sim: EngineView, batch: Batch, rng: np.random.Generator, *, kv: str,
                  group: str) -> Injection | None:
     # The first (known) tokens of two decode rows that both run next step; for SWA, their positions stay
     # inside the window next step.
@@ -457,7 +455,7 @@ def shift_position(positions: torch.Tensor, *, index: int, delta: int = 1, out_c
 
 
 @target_finder(shift_position, groups=("full", "swa"))
-def _shift_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generator, *, kv: str,
+def _shift_target(sim: EngineView, batch: Batch, rng: np.random.Generator, *, kv: str,
                   group: str) -> Injection | None:
     # The first token of a decode row (it continues a cached prefix, so the HEAD write checks its position).
     cands = _continuing(batch, decode=True)
@@ -508,7 +506,7 @@ def recycle_slot(out_cache_loc: torch.Tensor, req_to_token: torch.Tensor, *, tok
 
 
 @target_finder(recycle_slot)
-def _recycle_target(sim: ServingSimulation, batch: Batch, rng: np.random.Generator, *, kv: str,
+def _recycle_target(sim: EngineView, batch: Batch, rng: np.random.Generator, *, kv: str,
                     group: str) -> Injection | None:
     # A decode row's token (the thief) written to a slot another request of the batch (the victim, running
     # next step) still reads, at a position that is neither the thief's nor the victim's last one.

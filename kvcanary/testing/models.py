@@ -22,13 +22,12 @@ a realistic mix of draft lengths. ``examples/toy_engine.py`` plugs in a tiny rea
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from kvcanary.testing.engine import Batch, KvPools, ServingSimulation
+from kvcanary.testing.engine_types import Batch, KvPools
 
 
 class Model(Protocol):
@@ -37,7 +36,7 @@ class Model(Protocol):
     token_shape: tuple[int, ...]
     dtype: torch.dtype
 
-    def forward(self, sim: ServingSimulation, batch: Batch, args: dict[str, torch.Tensor],
+    def forward(self, sim: Any, batch: Batch, args: dict[str, torch.Tensor],
                 pools: KvPools) -> list[list[int]]:
         ...
 
