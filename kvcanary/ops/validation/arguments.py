@@ -1,5 +1,6 @@
-"""Validators of the arguments several ops share: the table of SPEC §10 in either form (with ``pad_row``), the
-SWA LUT, the expected-token pool (SPEC §5), the write's input assert (SPEC §6) and ``invalid_rows_out``.
+"""Validators of the arguments several ops share: the batch rows, the table of SPEC §10 in either form (with
+``pad_row``) and its SWA LUT, the expected-token pool (SPEC §5), the write's tokens with the input assert (SPEC §6)
+and ``invalid_rows_out``.
 
 The plan and the plan-free ops of SPEC §11, §12 read a table, so each validates it here the same way."""
 
@@ -108,3 +109,32 @@ def input_assert_views(op: str, assert_on: bool, n: int, expected_input_tokens: 
         return None, None
     return (array("expected_input_tokens", expected_input_tokens, "int64", length=n),
             array("expected_input_positions", expected_input_positions, "int64", length=n))
+
+
+def batch_rows(req_pool_indices: Any, prefix_lens: Any) -> tuple[ArrayView, ArrayView]:
+    """The batch's rows (SPEC §5): int64 ``req_pool_indices [bs]`` and ``prefix_lens [bs]`` (a write's
+    ``extend_seq_lens [bs]`` is checked next, by its validator)."""
+    rpi = array("req_pool_indices", req_pool_indices, "int64")
+    return rpi, array("prefix_lens", prefix_lens, "int64", length=rpi.shape[0])
+
+
+def table_and_lut(op: str, *, req_to_token: Any, block_table: Any, block_size: Any, pad_row: Any, window: int,
+                  full_to_swa_index_mapping: Any) -> tuple[TableViews, ArrayView | None]:
+    """:func:`table_views`, then :func:`lut_view` for ``window`` (the checked ``swa_window_size``)."""
+    table = table_views(op, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
+                        pad_row=pad_row)
+    return table, lut_view(op, window, full_to_swa_index_mapping)
+
+
+def write_tokens(op: str, *, input_ids: Any, positions: Any, out_cache_loc: Any, assert_on: bool,
+                 expected_input_tokens: Any, expected_input_positions: Any
+                 ) -> tuple[ArrayView, ArrayView, ArrayView, ArrayView | None, ArrayView | None]:
+    """A write's tokens (SPEC §6): int64 ``input_ids [n]``, ``positions [n]``, ``out_cache_loc [n]``, then the
+    expected inputs of :func:`input_assert_views` (None, None with the assert off). Returns the five in that
+    order."""
+    ids = array("input_ids", input_ids, "int64")
+    n = ids.shape[0]
+    pos = array("positions", positions, "int64", length=n)
+    loc = array("out_cache_loc", out_cache_loc, "int64", length=n)
+    exp_tok, exp_pos = input_assert_views(op, assert_on, n, expected_input_tokens, expected_input_positions)
+    return ids, pos, loc, exp_tok, exp_pos

@@ -11,11 +11,11 @@ from kvcanary.ops.checks import check_bool, check_int, check_non_negative
 from kvcanary.ops.launches import PlanLaunch, ScatterLaunch, VerifyLaunch, WriteLaunch
 from kvcanary.ops.structs import VerifyPlan, WritePlan
 from kvcanary.ops.validation.arguments import (
+    batch_rows,
     expected_tokens_pool,
-    input_assert_views,
     invalid_rows_view,
-    lut_view,
-    table_views,
+    table_and_lut,
+    write_tokens,
 )
 from kvcanary.ops.validation.arrays import array, same_device
 from kvcanary.ops.validation.structs import (
@@ -57,13 +57,11 @@ def validate_plan(
 
     vplan = verify_plan_views(verify_plan_out)
     wplan = write_plan_views(write_plan_out)
-    rpi = array("req_pool_indices", req_pool_indices, "int64")
+    rpi, prefix = batch_rows(req_pool_indices, prefix_lens)
     bs = rpi.shape[0]
-    prefix = array("prefix_lens", prefix_lens, "int64", length=bs)
     extend = array("extend_seq_lens", extend_seq_lens, "int64", length=bs)
-    table = table_views(_PLAN, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
-                        pad_row=pad_row)
-    lut = lut_view(_PLAN, window, full_to_swa_index_mapping)
+    table, lut = table_and_lut(_PLAN, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
+                               pad_row=pad_row, window=window, full_to_swa_index_mapping=full_to_swa_index_mapping)
     pool, valid_lens = expected_tokens_pool(_PLAN, req_to_verify_expected_tokens,
                                              req_to_verify_expected_tokens_valid_lens, bs, table)
     invalid_rows = invalid_rows_view(invalid_rows_out)
@@ -103,11 +101,9 @@ def validate_write(
     if not isinstance(plan, WritePlan):
         write_plan_views(plan, "plan")  # raises the type error
     wplan = PLAN_CACHE.get(plan, _write_plan_arrays(plan), lambda: write_plan_views(plan, "plan"))
-    ids = array("input_ids", input_ids, "int64")
-    n = ids.shape[0]
-    pos = array("positions", positions, "int64", length=n)
-    loc = array("out_cache_loc", out_cache_loc, "int64", length=n)
-    exp_tok, exp_pos = input_assert_views(_WRITE, assert_on, n, expected_input_tokens, expected_input_positions)
+    ids, pos, loc, exp_tok, exp_pos = write_tokens(
+        _WRITE, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc, assert_on=assert_on,
+        expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions)
     device = same_device(_WRITE, *ctx.all(), *wplan.all(), ids, pos, loc, exp_tok, exp_pos)
     return WriteLaunch(device=device, ctx=ctx, plan=wplan, input_ids=ids, positions=pos, out_cache_loc=loc,
                        expected_input_tokens=exp_tok, expected_input_positions=exp_pos)

@@ -9,11 +9,11 @@ from kvcanary.ops.checks import check_bool, check_int, check_non_negative
 from kvcanary.ops.interop import ArrayView
 from kvcanary.ops.launches import ContextViews, VerifyTableLaunch, WriteTableLaunch
 from kvcanary.ops.validation.arguments import (
+    batch_rows,
     expected_tokens_pool,
-    input_assert_views,
     invalid_rows_view,
-    lut_view,
-    table_views,
+    table_and_lut,
+    write_tokens,
 )
 from kvcanary.ops.validation.arrays import array, same_device
 from kvcanary.ops.validation.structs import contexts_views
@@ -48,12 +48,11 @@ def validate_verify_from_table(
     check = check_bool("check_verify_expected_token", check_verify_expected_token)
 
     ctxs = contexts_views(contexts)
-    rpi = array("req_pool_indices", req_pool_indices, "int64")
+    rpi, prefix = batch_rows(req_pool_indices, prefix_lens)
     bs = rpi.shape[0]
-    prefix = array("prefix_lens", prefix_lens, "int64", length=bs)
-    table = table_views(_VERIFY_TABLE, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
-                        pad_row=pad_row)
-    lut = lut_view(_VERIFY_TABLE, window, full_to_swa_index_mapping)
+    table, lut = table_and_lut(_VERIFY_TABLE, req_to_token=req_to_token, block_table=block_table,
+                               block_size=block_size, pad_row=pad_row, window=window,
+                               full_to_swa_index_mapping=full_to_swa_index_mapping)
     pool, valid_lens = expected_tokens_pool(_VERIFY_TABLE, req_to_verify_expected_tokens,
                                              req_to_verify_expected_tokens_valid_lens, bs, table)
     invalid_rows = invalid_rows_view(invalid_rows_out)
@@ -93,18 +92,14 @@ def validate_write_from_table(
     assert_on = check_bool("enable_write_input_assert", enable_write_input_assert)
 
     ctxs = contexts_views(contexts)
-    rpi = array("req_pool_indices", req_pool_indices, "int64")
-    bs = rpi.shape[0]
-    prefix = array("prefix_lens", prefix_lens, "int64", length=bs)
-    extend = array("extend_seq_lens", extend_seq_lens, "int64", length=bs)
-    table = table_views(_WRITE_TABLE, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
-                        pad_row=pad_row)
-    lut = lut_view(_WRITE_TABLE, window, full_to_swa_index_mapping)
-    ids = array("input_ids", input_ids, "int64")
-    n = ids.shape[0]
-    pos = array("positions", positions, "int64", length=n)
-    loc = array("out_cache_loc", out_cache_loc, "int64", length=n)
-    exp_tok, exp_pos = input_assert_views(_WRITE_TABLE, assert_on, n, expected_input_tokens, expected_input_positions)
+    rpi, prefix = batch_rows(req_pool_indices, prefix_lens)
+    extend = array("extend_seq_lens", extend_seq_lens, "int64", length=rpi.shape[0])
+    table, lut = table_and_lut(_WRITE_TABLE, req_to_token=req_to_token, block_table=block_table,
+                               block_size=block_size, pad_row=pad_row, window=window,
+                               full_to_swa_index_mapping=full_to_swa_index_mapping)
+    ids, pos, loc, exp_tok, exp_pos = write_tokens(
+        _WRITE_TABLE, input_ids=input_ids, positions=positions, out_cache_loc=out_cache_loc, assert_on=assert_on,
+        expected_input_tokens=expected_input_tokens, expected_input_positions=expected_input_positions)
     invalid_rows = invalid_rows_view(invalid_rows_out)
     # Each context stamps its own chains: two contexts writing one buffer would race on the GPU.
     spans = [_bytes_span(c) for c in ctxs]
