@@ -28,9 +28,10 @@ constexpr unsigned long long kU32Limit = 1ULL << 32;
 // ---------------------------------------------------------------------------------------------------
 // Hashes (SPEC §3). All arithmetic is unsigned 64-bit and wraps.
 
-// x * c (mod 2**64). With KVC_MUL3 defined to 1 (the verify's 32-bit modules; KVC_VT_MUL3_ALL and KVC_WT_MUL3, off
-// until timed, for the others), on the device: one 32 x 32 -> 64-bit multiply of the low words and two 32-bit
-// multiply-adds into its high word, three instructions where nvcc's 64-bit multiply takes four.
+// x * c (mod 2**64). With KVC_MUL3 defined to 1 (the verify's 32-bit modules and the write from the table,
+// KVC_WT_MUL3; not the verify's 64-bit modules: KVC_VT_MUL3_ALL was timed and is off), on the device: one
+// 32 x 32 -> 64-bit multiply of the low words and two 32-bit multiply-adds into its high word, three instructions
+// where nvcc's 64-bit multiply takes four.
 KVC_HD kvc_u64 kvc_mul64(kvc_u64 x, kvc_u64 c) {
 #if defined(__CUDA_ARCH__) && defined(KVC_MUL3) && KVC_MUL3
     kvc_u64 r;
