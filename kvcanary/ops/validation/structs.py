@@ -1,5 +1,5 @@
-"""Validators of the long-lived objects of :mod:`kvcanary.ops.structs` (SPEC §3, §9): plans, canary buffers and
-launch contexts, with the caches that keep their views while nothing under them changed."""
+"""Validators of the long-lived objects of :mod:`kvcanary.ops.structs` (SPEC §2, §4, §5, §9): plans, canary
+buffers and launch contexts, with the caches that keep their views while nothing under them changed."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ _MODES = frozenset(int(m) for m in RealKvHashMode)
 
 
 def verify_plan_views(plan: Any, owner: str = "verify_plan_out") -> VerifyPlanViews:
+    """A :class:`~kvcanary.VerifyPlan` (SPEC §5): int64 ``[C]`` slot indices, expected tokens, expected positions
+    and predecessor slots, int32 ``[1]`` ``verify_num_valid`` and ``enable``, with ``C >= 1``, all contiguous;
+    ``owner`` (the argument's name) prefixes the messages."""
     if not isinstance(plan, VerifyPlan):
         raise TypeError(f"kv-canary: {owner} must be a VerifyPlan, got {type(plan).__name__}")
     slots = array(f"{owner}.verify_slot_indices", plan.verify_slot_indices, "int64")
@@ -38,6 +41,8 @@ def verify_plan_views(plan: Any, owner: str = "verify_plan_out") -> VerifyPlanVi
 
 
 def write_plan_views(plan: Any, owner: str = "write_plan_out") -> WritePlanViews:
+    """A :class:`~kvcanary.WritePlan` (SPEC §5): int64 ``write_offsets [R + 1]`` and ``write_seed_slot_indices
+    [R]``, int32 ``write_num_valid_reqs [1]``, with ``R >= 1``, all contiguous; ``owner`` prefixes the messages."""
     if not isinstance(plan, WritePlan):
         raise TypeError(f"kv-canary: {owner} must be a WritePlan, got {type(plan).__name__}")
     seeds = array(f"{owner}.write_seed_slot_indices", plan.write_seed_slot_indices, "int64")
