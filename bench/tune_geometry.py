@@ -12,8 +12,8 @@ per step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL
 ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``), ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``),
 ``L`` (n > 0: a warp's range of at most n steps starts at its lead, the entry before it, loaded and hashed but
 not checked, ``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in three instructions too,
-``KVC_VT_MUL3_ALL``; time it without ``--flat32``) and ``C`` (1: a step inside one row runs its own copy of the rest of the step,
-``KVC_VT_IN_ROW_SPLIT``).
+``KVC_VT_MUL3_ALL``; time it without ``--flat32``) and ``C`` (1: a step inside one row runs its own copy of the
+rest of the step, ``KVC_VT_IN_ROW_SPLIT``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxM`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``M`` (1:

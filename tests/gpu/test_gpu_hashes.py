@@ -1,9 +1,10 @@
 """The hashes as the verify's and the write's modules compile them on the GPU, against the CPU reference (SPEC §3).
 
 The 32-bit verify modules (``KVC_FLAT32``) and the write from the table (``KVC_WT_MUL3``) define ``KVC_MUL3``:
-``kvc_mul64`` in ``common.cuh`` is then inline PTX (a 32 x 32 -> 64-bit multiply and two multiply-adds), which neither
-the host compile of the helpers nor the emulated kernels run (they take the plain multiply). Here a probe kernel appended to each kind of module's exact source
-computes ``kvc_mul64`` of random pairs and ``kvc_mix3`` of random triples, compared with NumPy's wrapping multiply and
+``kvc_mul64`` in ``common.cuh`` is then inline PTX (a 32 x 32 -> 64-bit multiply and two multiply-adds), which
+neither the host compile of the helpers nor the emulated kernels run (they take the plain multiply). Here a probe
+kernel appended to each kind of module's exact source reports which multiply it runs and computes ``kvc_mul64`` of
+random pairs and ``kvc_mix3`` of random triples, compared with NumPy's wrapping multiply and
 ``kvcanary.ops.reference.hashing.mix3``; SPEC's known answer for the anchor is checked too.
 """
 

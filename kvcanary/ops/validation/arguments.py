@@ -57,7 +57,7 @@ def table_views(op: str, *, req_to_token: Any, block_table: Any, block_size: Any
     return table
 
 
-def lut_view(op: str, window: int, full_to_swa_index_mapping: Any) -> ArrayView | None:
+def _lut_view(op: str, window: int, full_to_swa_index_mapping: Any) -> ArrayView | None:
     """SPEC §5: the LUT is required iff ``swa_window_size > 0``."""
     if window > 0:
         if full_to_swa_index_mapping is None:
@@ -72,7 +72,7 @@ def lut_view(op: str, window: int, full_to_swa_index_mapping: Any) -> ArrayView 
 
 
 def expected_tokens_pool(op: str, pool: Any, valid_lens: Any, bs: int,
-                          table: TableViews) -> tuple[ArrayView | None, ArrayView | None]:
+                         table: TableViews) -> tuple[ArrayView | None, ArrayView | None]:
     """SPEC §5: the expected-token pool and its valid lengths, together or not at all."""
     has_pool, has_lens = pool is not None, valid_lens is not None
     if has_pool != has_lens:
@@ -96,8 +96,8 @@ def invalid_rows_view(invalid_rows_out: Any) -> ArrayView | None:
     return None if invalid_rows_out is None else array("invalid_rows_out", invalid_rows_out, "int32", length=1)
 
 
-def input_assert_views(op: str, assert_on: bool, n: int, expected_input_tokens: Any,
-                  expected_input_positions: Any) -> tuple[ArrayView | None, ArrayView | None]:
+def _input_assert_views(op: str, assert_on: bool, n: int, expected_input_tokens: Any,
+                        expected_input_positions: Any) -> tuple[ArrayView | None, ArrayView | None]:
     """SPEC §6: the expected input arrays are given iff the input assert is on."""
     for name, value in (("expected_input_tokens", expected_input_tokens),
                         ("expected_input_positions", expected_input_positions)):
@@ -120,21 +120,22 @@ def batch_rows(req_pool_indices: Any, prefix_lens: Any) -> tuple[ArrayView, Arra
 
 def table_and_lut(op: str, *, req_to_token: Any, block_table: Any, block_size: Any, pad_row: Any, window: int,
                   full_to_swa_index_mapping: Any) -> tuple[TableViews, ArrayView | None]:
-    """:func:`table_views`, then :func:`lut_view` for ``window`` (the checked ``swa_window_size``)."""
+    """:func:`table_views`, then the SWA LUT for ``window`` (the checked ``swa_window_size``): required iff
+    ``window > 0`` (SPEC §5)."""
     table = table_views(op, req_to_token=req_to_token, block_table=block_table, block_size=block_size,
                         pad_row=pad_row)
-    return table, lut_view(op, window, full_to_swa_index_mapping)
+    return table, _lut_view(op, window, full_to_swa_index_mapping)
 
 
 def write_tokens(op: str, *, input_ids: Any, positions: Any, out_cache_loc: Any, assert_on: bool,
                  expected_input_tokens: Any, expected_input_positions: Any
                  ) -> tuple[ArrayView, ArrayView, ArrayView, ArrayView | None, ArrayView | None]:
     """A write's tokens (SPEC §6): int64 ``input_ids [n]``, ``positions [n]``, ``out_cache_loc [n]``, then the
-    expected inputs of :func:`input_assert_views` (None, None with the assert off). Returns the five in that
+    expected inputs, given iff the assert is on (None, None when off). Returns the five in that
     order."""
     ids = array("input_ids", input_ids, "int64")
     n = ids.shape[0]
     pos = array("positions", positions, "int64", length=n)
     loc = array("out_cache_loc", out_cache_loc, "int64", length=n)
-    exp_tok, exp_pos = input_assert_views(op, assert_on, n, expected_input_tokens, expected_input_positions)
+    exp_tok, exp_pos = _input_assert_views(op, assert_on, n, expected_input_tokens, expected_input_positions)
     return ids, pos, loc, exp_tok, exp_pos

@@ -6,8 +6,8 @@ from typing import Any
 
 from kvcanary import consts
 from kvcanary.errors import invalid
-from kvcanary.ops.interop import ArrayView
-from kvcanary.ops.launches import RecordCopyLaunch, RecordGatherLaunch, RecordScatterLaunch
+from kvcanary.ops.interop import ArrayView, Device
+from kvcanary.ops.launches import CanaryBufferView, RecordCopyLaunch, RecordGatherLaunch, RecordScatterLaunch
 from kvcanary.ops.validation.arrays import array, same_device
 from kvcanary.ops.validation.structs import canary_buffer_view
 
@@ -22,8 +22,6 @@ def _records(name: str, x: Any, n: int) -> ArrayView:
     if v.shape != (n, consts.CANARY_FIELDS_PER_SLOT):
         raise invalid(f"{name} must have shape [{n}, {consts.CANARY_FIELDS_PER_SLOT}] (one record per slot), "
                       f"got {v.shape}")
-    if not v.is_contiguous():
-        raise invalid(f"{name} must be contiguous")
     return v
 
 
@@ -31,23 +29,28 @@ def _out_of_range(out_of_range_out: Any) -> ArrayView | None:
     return None if out_of_range_out is None else array("out_of_range_out", out_of_range_out, "int32", length=1)
 
 
-def validate_gather_records(*, canary_buf: Any, slots: Any, records_out: Any,
-                            out_of_range_out: Any) -> RecordGatherLaunch:
+def _slots_and_records(op: str, canary_buf: Any, slots: Any, records_name: str, records: Any, out_of_range_out: Any
+                       ) -> tuple[CanaryBufferView, ArrayView, ArrayView, ArrayView | None, Device]:
+    """The arguments of a gather or a scatter, in their order of checks: one canary buffer, int64 ``slots [n]``,
+    the records ``[n, 4]`` (named ``records_name``), ``out_of_range_out``; then the one device."""
     canary = canary_buffer_view("canary_buf", canary_buf)
     sl = array("slots", slots, "int64")
-    out = _records("records_out", records_out, sl.shape[0])
+    recs = _records(records_name, records, sl.shape[0])
     oor = _out_of_range(out_of_range_out)
-    device = same_device(_GATHER, canary.buf, sl, out, oor)
+    return canary, sl, recs, oor, same_device(op, canary.buf, sl, recs, oor)
+
+
+def validate_gather_records(*, canary_buf: Any, slots: Any, records_out: Any,
+                            out_of_range_out: Any) -> RecordGatherLaunch:
+    canary, sl, out, oor, device = _slots_and_records(_GATHER, canary_buf, slots, "records_out", records_out,
+                                                      out_of_range_out)
     return RecordGatherLaunch(device=device, canary=canary, slots=sl, records_out=out, out_of_range=oor)
 
 
 def validate_scatter_records(*, canary_buf: Any, slots: Any, records: Any,
                              out_of_range_out: Any) -> RecordScatterLaunch:
-    canary = canary_buffer_view("canary_buf", canary_buf)
-    sl = array("slots", slots, "int64")
-    recs = _records("records", records, sl.shape[0])
-    oor = _out_of_range(out_of_range_out)
-    device = same_device(_SCATTER_RECORDS, canary.buf, sl, recs, oor)
+    canary, sl, recs, oor, device = _slots_and_records(_SCATTER_RECORDS, canary_buf, slots, "records", records,
+                                                       out_of_range_out)
     return RecordScatterLaunch(device=device, canary=canary, slots=sl, records=recs, out_of_range=oor)
 
 

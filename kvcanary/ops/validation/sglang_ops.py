@@ -131,7 +131,8 @@ def validate_verify(*, context: Any, plan: Any, check_verify_expected_token: Any
     if rec is not None and rec.ctx is ctx and rec.plan is vplan:
         return rec
     device = same_device(_VERIFY, *ctx.all(), *vplan.all())
-    kept = CONTEXT_CACHE.holds(context, ctx, "context") and PLAN_CACHE.holds(plan, vplan)  # views a later call gets again
+    # Views a later call gets again: only then is the record kept.
+    kept = CONTEXT_CACHE.holds(context, ctx, "context") and PLAN_CACHE.holds(plan, vplan)
     rec = VerifyLaunch(device=device, ctx=ctx, plan=vplan, check_expected_token=check, kept=kept)
     if kept:
         if len(_VERIFY_LAUNCHES) >= PLAN_CACHE.capacity:
