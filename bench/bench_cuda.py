@@ -290,6 +290,16 @@ def floor_module():
 
     return cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17", f"-I{kernels_dir()}"))
 
+
+def _launch_on_current_stream(fn, grid: tuple, block: tuple, args: tuple, device: torch.device) -> None:
+    """A floor kernel (``cupy.RawKernel``) on torch's current stream: through its ``Function`` with the raw stream
+    handle, as kvcanary's own launches go (not inside a ``cupy.cuda.ExternalStream``, which CuPy 14 deprecates: the
+    suite's bench log of 2026-12-05 15:41 UTC printed its DeprecationWarning)."""
+    from kvcanary.ops.cuda.launch import raw_stream
+
+    fn.kernel(grid, block, args, stream=raw_stream(torch.cuda.current_stream(device).cuda_stream))
+
+
 # The floor of a plan-free decode write (not a kvcanary op): one thread per row does only the dependent loads such a
 # write cannot avoid (the row's pool index and prefix -> the table entry of position prefix - 1 -> that seed
 # slot's 32-byte record), reads the row's token, position and slot, and stores a 32-byte record; no row scan (it
@@ -539,8 +549,6 @@ class Case:
     def _fastest(self, timer: Timer, kernel: str, args: tuple, out: torch.Tensor):
         """A launcher of FLOOR_SRC's ``{kernel}_u{U}`` at the fastest of FLOOR_GEOMETRIES, picked by timing each once
         (10 runs)."""
-        import cupy
-
         mod = floor_module()
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
 
@@ -548,8 +556,7 @@ class Case:
             fn = mod.get_function(f"{kernel}_u{u}")
 
             def run():
-                with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
-                    fn((b * sms,), (256,), args)
+                _launch_on_current_stream(fn, (b * sms,), (256,), args, self.device)
             run.geometry = f"{u} x {b}"  # type: ignore[attr-defined]
             run.keep = out  # type: ignore[attr-defined]
             return run
@@ -607,8 +614,7 @@ class Case:
 
         def make(threads: int):
             def run():
-                with cupy.cuda.ExternalStream(torch.cuda.current_stream(self.device).cuda_stream):
-                    fn(((self.bs + threads - 1) // threads,), (threads,), args)
+                _launch_on_current_stream(fn, ((self.bs + threads - 1) // threads,), (threads,), args, self.device)
             run.geometry = f"{threads} threads"  # type: ignore[attr-defined]
             run.keep = scratch  # type: ignore[attr-defined]
             return run
