@@ -43,7 +43,8 @@ bytes as the two-pass write; then restores the buffer. Only then does it time ea
 
 * eager: each launch alone, median over ``--runs`` launches after ``--warmup``; before each launch the L2 is
   flushed (a 256 MiB memset) and the GPU is kept busy with ``torch.cuda._sleep`` long enough to cover the
-  host-side validation and launch, so the CUDA events bracket GPU time only;
+  host-side validation and launch, so the CUDA events bracket GPU time only (a launch enqueued after its sleep
+  could have ended, by the host clock, is timed again with a longer sleep: ``Timer.eager``);
 * graph: up to ``--graph-reps`` launches of the op (fewer when one launch exceeds 100 µs, so a replay stays
   near 2 ms) captured in one ``torch.cuda.CUDAGraph``, replayed ``--runs`` times; per-launch time = median
   replay time / reps (back to back, L2 left warm);
@@ -341,6 +342,7 @@ class Timer:
 
     def __init__(self, device: torch.device):
         self.device = device
+        self.retaken = 0  # eager samples taken again (see eager)
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
         # cycles of torch.cuda._sleep per microsecond, measured
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -376,19 +378,30 @@ class Timer:
         return 2 * n / ((ev[1].elapsed_time(ev[2]) - ev[0].elapsed_time(ev[1])) * 1e3)
 
     def eager(self, fn, *, runs: int, warmup: int, flush: bool = True) -> float:
-        """Median GPU microseconds of one ``fn()`` launch."""
+        """Median GPU microseconds of one ``fn()`` launch.
+
+        A sample whose enqueueing outlasted its sleep (host clock, from the sleep's enqueue to ``fn()``'s return:
+        the GPU may then have idled between the events, waiting for the launch) is taken again with a sleep twice as
+        long, up to four times; ``self.retaken`` counts them (a host slowed by something else once put 470 µs of
+        waiting into a median: docs/GPU_SUITE.md, the 15:35 UTC run of 2026-12-05)."""
         for _ in range(warmup):
             fn()
         cycles = self._sleep_cycles(fn)
         pairs = []
         for _ in range(runs):
-            if flush:
-                self.flush_buf.zero_()
-            torch.cuda._sleep(cycles)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
+            for attempt in range(5):
+                if flush:
+                    self.flush_buf.zero_()
+                sleep = cycles << attempt
+                t0 = time.perf_counter()
+                torch.cuda._sleep(sleep)
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn()
+                e.record()
+                if (time.perf_counter() - t0) * 1e6 * self.cycles_per_us < sleep:
+                    break  # the launch was enqueued while the sleep still ran (it starts no earlier than enqueued)
+                self.retaken += 1
             pairs.append((s, e))
         torch.cuda.synchronize()
         return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs)
@@ -939,6 +952,8 @@ def main(argv=None) -> int:
         "time over the copy bandwidth. host µs = CPU time of one public-op call (median). ns/token = write time "
         "(better of eager and graph) / extend. Floor geometries (entries per thread x blocks per SM, the fastest of "
         "9): " + (", ".join(floor_geometries) or "-") + ".",
+        f"eager samples taken again because the host enqueued a launch later than the sleep before it covered: "
+        f"{timer.retaken}.",
         "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures)),
     ]
     text = "\n".join(header) + "\n\n" + md + "\n" + "\n".join(notes) + "\n"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "bench"))
 try:
@@ -36,3 +38,61 @@ def test_table_columns():
     # latency-bound: no byte share; ns per token from the better of eager and graph over A's one token per row
     assert w[5] == "-" and w[8] == w[9] == "-" and w[10] == "-"
     assert w[11] == f"{2.5 * 1e3 / bc.SHAPES['A']['extend']:.1f}" and w[12] == "-"
+
+
+class _FakeGpu:
+    """One in-order stream and a host clock (µs): each op starts when both the stream is free and the host has
+    enqueued it; an event's time is when the stream reaches it."""
+
+    def __init__(self, kernel_us: float, host_us: list[float]):
+        self.host = 0.0
+        self.free = 0.0
+        self.kernel_us = kernel_us
+        self.host_us = host_us  # the host time of each fn() call, in call order (the last one repeats)
+        self.calls = 0
+
+    def enqueue(self, dur: float) -> float:
+        self.host += 1.0
+        start = max(self.free, self.host)
+        self.free = start + dur
+        return self.free
+
+    def fn(self) -> None:
+        self.host += self.host_us[min(self.calls, len(self.host_us) - 1)]
+        self.calls += 1
+        self.enqueue(self.kernel_us)
+
+
+def test_eager_retakes_a_sample_the_sleep_did_not_cover(monkeypatch):
+    """``Timer.eager``'s sleep is sized from three calls; a launch the host then enqueues later than the sleep
+    covered puts GPU idle time between the events. Such a sample is taken again with a longer sleep, so a median
+    over a host that slowed after the sizing is still the kernel's time."""
+    gpu = _FakeGpu(kernel_us=100.0, host_us=[10.0] * 8 + [500.0])
+    cycles_per_us = 1000.0
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            self.t = None
+
+        def record(self):
+            self.t = gpu.enqueue(0.0)
+
+        def elapsed_time(self, end):
+            return (end.t - self.t) / 1e3
+
+    class Flush:
+        def zero_(self):
+            gpu.enqueue(50.0)
+
+    monkeypatch.setattr(bc.torch.cuda, "Event", Event)
+    monkeypatch.setattr(bc.torch.cuda, "_sleep", lambda cycles: gpu.enqueue(cycles / cycles_per_us))
+    monkeypatch.setattr(bc.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bc.time, "perf_counter", lambda: gpu.host / 1e6)
+    timer = object.__new__(bc.Timer)
+    timer.retaken, timer.flush_buf, timer.cycles_per_us = 0, Flush(), cycles_per_us
+    # 5 warmup calls and 3 sizing calls of 10 µs (a 53 µs sleep); then every call takes 500 µs of host time, more
+    # than the GPU's backlog covers. Each sample is taken again at sleeps of 106, 212, 424 and 848 µs; the last covers
+    # the launch. Taken once each, every sample would hold about 300 µs of waiting (402 µs in all).
+    us = timer.eager(gpu.fn, runs=30, warmup=5)
+    assert us == pytest.approx(100.0)
+    assert timer.retaken == 4 * 30 and gpu.calls == 5 + 3 + 5 * 30
