@@ -71,3 +71,19 @@ def test_report_ranks_the_blocks_of_each_sm_by_index():
     assert _row(table, "warp's steps") == [3.0] * 5
     span = max(b[6] for b in blocks) - min(b[0] for b in blocks)
     assert re.search(rf"kernel span {span} ns", table)
+
+
+def test_tune_table_keeps_a_row_per_timing_of_a_variant_named_twice():
+    """Interleaved repeats (``--variants 2x4x1x0,2x4x1x4,2x4x1x0,2x4x1x4``) are the way to time two variants against
+    the drift of one process: each timing gets its own row (the table once showed the last pair's numbers on every
+    row of the same variant)."""
+    variants = tg.parse_variants("verify_table", "2x4x1x0,2x4x1x4,2x4x1x0,2x4x1x4")
+    cols = [("A", "shuffled", "NONE")]
+    graph = {(i, "A", "shuffled", "NONE"): g for i, g in enumerate([15.52, 15.22, 15.85, 15.45])}
+    eager = {k: 30.0 + i for i, k in enumerate(graph)}
+    info = {((2, 4, 1, 0), "NONE"): (48, 0), ((2, 4, 1, 4), "NONE"): (54, 0)}
+    rows = tg.table_lines("verify_table", variants, cols, eager, graph, info)[2:]
+    assert [r.split("|")[4].strip() for r in rows] == ["30.00 / 15.52", "31.00 / 15.22", "32.00 / 15.85",
+                                                       "33.00 / 15.45"]
+    assert [r.split("|")[1].strip() for r in rows] == ["2 x 4 x 1 x 0", "2 x 4 x 1 x 4"] * 2
+    assert [r.split("|")[2].strip() for r in rows] == ["48 / 0", "54 / 0"] * 2
