@@ -31,17 +31,18 @@
 // (and its slot, the next entry's prev) to lane l + 1 with a shuffle; lane 0 takes lane 31's of the previous u,
 // or, without real KV, of the warp's previous step (kept in shared memory by lane 0). So only a warp's first entry
 // in a tile and a row's first entry load their predecessor themselves (table entry and 24 bytes of record); with
-// KVC_VT_LEAD_ENTRY (off) not the first entry of a warp's range either: its lead, the entry before, is one of the
-// first step's entries, hashed and not checked.
+// KVC_VT_LEAD_ENTRY (ranges of up to 4 steps) not the first entry of a warp's range either: its lead, the entry
+// before, is one of the first step's entries, hashed and not checked.
 // PARTIAL adds one 32-byte sector of real KV per entry per source (its first 16 bytes are loaded together with
 // the record, so both latencies overlap). With several contexts the row mapping, table, LUT and pool reads are
 // done once; each context adds its record (and KV) reads.
 // Numbers (H200, docs/BENCHMARKS.md, 2026-12-05): B NONE shuffled (8.4 M entries) runs within 5 % of a bare kernel
 // that reads the same table entries and records and checks nothing (209.7 against 201.4 us; random 32-byte records
-// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.0 us eager, 15.4-15.9 us in a graph with the 32-bit
-// modules (17.1 with the 64-bit ones; 6.1 and 7.6 warp instructions per entry by Nsight Compute, 14.4 with the
-// earlier distribution, where blocks took 512-entry chunks round-robin and lane 0 of every warp looked up its
-// predecessor at every step); B NONE contiguous 95.7 us (103.9 with the 64-bit modules, 178 before).
+// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.0 us eager, 14.9-15.5 us in a graph with the 32-bit
+// modules and the lead (KVC_VT_LEAD_ENTRY; 15.4-15.9 without it; 16.3-17.1 with the 64-bit ones; 6.1 and 7.6 warp
+// instructions per entry by Nsight Compute, 14.4 with the earlier distribution, where blocks took 512-entry chunks
+// round-robin and lane 0 of every warp looked up its predecessor at every step); B NONE contiguous 95.7 us (103.9
+// with the 64-bit modules, 178 before).
 // The row walk every block repeats costs ~16 B per row from L2 (B: 1024 rows x 528 blocks = 8.7 MB, about 3 % of
 // the bytes).
 // Occupancy: 4 blocks of 256 threads per SM within 64 registers; 2 entries per thread per step without real KV,
@@ -108,12 +109,13 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // entry's predecessor is lane 0's entry, handed on by the shuffle, rather than a table cell and then a record
 // looked up after the step's own loads (the warp's first step took about 7,000 cycles against 4,400 for the later
 // ones: docs/BENCHMARKS.md, the timeline). Ranges then hold 64k - 1 entries, so a range and its lead fill k steps.
-// The value is the most steps a range and its lead may take (0: never a lead): on an H200 (docs/BENCHMARKS.md,
-// 2026-12-05) a lead in every range made A shuffled NONE 3 % faster in a graph (ranges of four steps) but B 19 %
-// slower and B contiguous 43 % (32 steps; not explained yet: the per-step code is the same length, but the steps
-// no longer start at multiples of 64 entries, as they did in B's 8192-entry rows), so only short ranges take one
-// (bench/tune_geometry.py's fourth number).
-#define KVC_VT_LEAD_ENTRY 0
+// The value is the most steps a range and its lead may take (0: never a lead). A lead in every range made B 19 %
+// slower and B contiguous 43 % on an H200 (32 steps; not explained yet: the per-step code is the same length, but
+// the steps no longer start at multiples of 64 entries, as they did in B's 8192-entry rows), so only short ranges
+// take one. With 4 (A's ranges of four steps; B has none), on an H200 (docs/BENCHMARKS.md, 2026-12-05 16:08 UTC):
+// A shuffled NONE 0.28-0.48 us faster in a graph in each of 10 interleaved pairs (15.35-15.87 -> 14.92-15.52), A
+// contiguous 0.8-4.4 % faster, B within 0.5 % (bench/tune_geometry.py's fourth number). No spills.
+#define KVC_VT_LEAD_ENTRY 4
 // 1: a step inside one row (KVC_VT_STEP_IN_ROW) runs its own copy of the rest of the step (slots, predecessors,
 // each context's checks), compiled knowing that every entry is real and takes its neighbour's predecessor, so that
 // no per-entry flags are kept or tested there: in the A NONE 32-bit module (nvcc 13.0) such a step without a
