@@ -1,5 +1,6 @@
 """bench/bench_cuda.py runs on a GPU only; its table is plain arithmetic, checked here: the byte-minimum share
-of the copy bandwidth, ns per token of the writes, and the SM clock column (``-`` where a value is missing)."""
+of the copy bandwidth, ns per token of the writes, and the SM clock column (``-`` where a value is missing); and its
+eager timing's guard against a late launch, on a fake stream and host clock."""
 
 from __future__ import annotations
 
