@@ -22,7 +22,9 @@ splitmix64's multiplies in three instructions) (``KVC_WT_THREADS``, ``KVC_WT_BLO
 the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each
 variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so
 a variant is what the library would run (the CPU suite compiles every default variant:
-tests/ops/test_nvrtc_compile.py).
+tests/ops/test_nvrtc_compile.py). A variant may be named more than once
+(``--variants 2x4x1x0,2x4x1x4,2x4x1x0,2x4x1x4``): each timing gets its own row, so two variants can be timed in turns
+against the drift of one process.
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
