@@ -827,6 +827,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--graph-reps", type=int, default=20)
     ap.add_argument("--no-graph", action="store_true")
+    ap.add_argument("--settle-ms", type=float, default=0.0,
+                    help="leave the GPU idle this long before each op is timed (default 0: back to back)")
     ap.add_argument("--out", default=None, help="markdown file (default: $OUT/bench.md when OUT is set)")
     ap.add_argument("--seed", type=int, default=20240601)
     args = ap.parse_args(argv)
@@ -917,6 +919,9 @@ def main(argv=None) -> int:
         for op, (fn, units) in ops.items():
             if op not in wanted_ops or (case.prefix == 0 and op in VERIFY_OPS) or fn is None:
                 continue
+            if args.settle_ms > 0:  # the GPU idle between ops (does an op's time depend on the op before it?)
+                torch.cuda.synchronize()
+                time.sleep(args.settle_ms / 1e3)
             eager = timer.eager(fn, runs=args.runs, warmup=args.warmup)
             host = timer.host(fn, calls=args.host_calls)
             graph = None
