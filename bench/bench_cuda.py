@@ -293,12 +293,13 @@ def floor_module():
 
 
 def _launch_on_current_stream(fn, grid: tuple, block: tuple, args: tuple, device: torch.device) -> None:
-    """A floor kernel (``cupy.RawKernel``) on torch's current stream: through its ``Function`` with the raw stream
-    handle, as kvcanary's own launches go (not inside a ``cupy.cuda.ExternalStream``, which CuPy 14 deprecates: the
-    suite's bench log of 2026-12-05 15:41 UTC printed its DeprecationWarning)."""
-    from kvcanary.ops.cuda.launch import raw_stream
+    """A floor kernel (``cupy.RawKernel``) on torch's current stream: through its ``Function`` with the stream
+    kvcanary's own launches resolve (``launch.resolve_stream``), not inside a ``cupy.cuda.ExternalStream``, which
+    CuPy 14 deprecates (the suite's bench log of 2026-12-05 15:41 UTC printed its DeprecationWarning)."""
+    from kvcanary.ops.cuda.launch import resolve_stream
+    from kvcanary.ops.interop import Device
 
-    fn.kernel(grid, block, args, stream=raw_stream(torch.cuda.current_stream(device).cuda_stream))
+    fn.kernel(grid, block, args, stream=resolve_stream(None, Device("cuda", device.index)))
 
 
 # The floor of a plan-free decode write (not a kvcanary op): one thread per row does only the dependent loads such a
