@@ -331,6 +331,12 @@ WRITE_FLOOR_THREADS = (32, 64, 128, 256)
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
+# Graphs captured (and dropped) before anything is timed. On an H100 and an H200 a process's first graphs (about 40
+# launches in all: two of 20 launches, or a single 60-launch graph is already past it) replay small kernels about
+# 0.18 µs per launch faster than every graph after them, and once more exist the first take the later time too
+# (docs/BENCHMARKS.md, 2026-12-05 18:40 UTC; bench/probe_graph_state.py). An engine captures many graphs, so every op
+# is timed in the later state, not the first ops of a run in the earlier one.
+GRAPHS_BEFORE_TIMING = 4
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -339,7 +345,11 @@ FLUSH_BYTES = 256 << 20
 
 
 class Timer:
-    """CUDA-event timing with the GPU kept busy while the host enqueues (so events measure GPU time)."""
+    """CUDA-event timing with the GPU kept busy while the host enqueues (so events measure GPU time).
+
+    Construct it before anything else is timed: it captures ``GRAPHS_BEFORE_TIMING`` graphs of a one-element add
+    first (``settle_graphs``), and keeps what one launch of that add took in a graph before and after them in
+    ``graph_state``."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -353,6 +363,24 @@ class Timer:
         e.record()
         torch.cuda.synchronize()
         self.cycles_per_us = 20_000_000 / (s.elapsed_time(e) * 1e3)
+        self._one = torch.zeros(1, device=device)
+        self.graph_state = self.settle_graphs()
+
+    def tiny(self) -> None:
+        """One launch of a one-element add: what the graph state is read with (``graph_launch_us``)."""
+        self._one.add_(1)
+
+    def graph_launch_us(self) -> float:
+        """Microseconds per launch of ``tiny`` in a graph (as ``graph``: 20 per replay, median of 30 replays)."""
+        return self.graph(self.tiny, runs=30, reps=20)
+
+    def settle_graphs(self, count: int = GRAPHS_BEFORE_TIMING) -> tuple[float, float]:
+        """Capture and replay ``count`` graphs (20 launches of ``tiny`` each) after a first one that is timed, then
+        time one more: (µs per launch in the first graph, µs per launch after the ``count``)."""
+        first = self.graph_launch_us()
+        for _ in range(count):
+            self.graph(self.tiny, runs=1, reps=20)
+        return first, self.graph_launch_us()
 
     def _sleep_cycles(self, fn, calls: int = 3) -> int:
         torch.cuda.synchronize()
@@ -612,30 +640,39 @@ class Case:
             setattr(self, key, self._floor_launcher(with_table, timer, two))
         return getattr(self, key)
 
-    def write_floor_op(self, timer: Timer):
-        """The fastest block size of the bare decode write (see WRITE_FLOOR_SRC)."""
+    def write_floor_op(self, timer: Timer | None, threads: int | None = None):
+        """The bare decode write (see WRITE_FLOOR_SRC) at the fastest of ``WRITE_FLOOR_THREADS`` block sizes (timed
+        eagerly with ``timer``), or at ``threads`` per block when given (``timer`` unused)."""
+        if threads is not None:
+            return self._write_floor_launcher(threads)
         if hasattr(self, "_write_floor"):
             return self._write_floor
-        import cupy
-
-        fn = cupy.RawModule(code=WRITE_FLOOR_SRC, options=("-std=c++17",)).get_function("kvc_bench_write_floor")
-        scratch = torch.zeros_like(self.canary)
-        args = (cupy.uint64(self.rpi.data_ptr()), cupy.uint64(self.step_prefix.data_ptr()),
-                cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
-                cupy.uint64(self.step_ids.data_ptr()), cupy.uint64(self.step_pos.data_ptr()),
-                cupy.uint64(self.step_loc.data_ptr()), cupy.uint64(self.canary.data_ptr()),
-                cupy.uint64(scratch.data_ptr()), cupy.uint32(self.bs))
-
-        def make(threads: int):
-            def run():
-                _launch_on_current_stream(fn, ((self.bs + threads - 1) // threads,), (threads,), args, self.device)
-            run.geometry = f"{threads} threads"  # type: ignore[attr-defined]
-            run.keep = scratch  # type: ignore[attr-defined]
-            return run
-
-        best = min((timer.eager(make(t), runs=10, warmup=2), t) for t in WRITE_FLOOR_THREADS)
-        self._write_floor = make(best[1])
+        assert timer is not None, "write_floor_op: a timer or threads"
+        best = min((timer.eager(self._write_floor_launcher(t), runs=10, warmup=2), t) for t in WRITE_FLOOR_THREADS)
+        self._write_floor = self._write_floor_launcher(best[1])
         return self._write_floor
+
+    def _write_floor_launcher(self, threads: int):
+        """The bare decode write at ``threads`` per block: a function that launches it on the current stream (the
+        kernel, its scratch records and its arguments are built once per case)."""
+        if not hasattr(self, "_write_floor_kernel"):
+            import cupy
+
+            fn = cupy.RawModule(code=WRITE_FLOOR_SRC, options=("-std=c++17",)).get_function("kvc_bench_write_floor")
+            scratch = torch.zeros_like(self.canary)
+            args = (cupy.uint64(self.rpi.data_ptr()), cupy.uint64(self.step_prefix.data_ptr()),
+                    cupy.uint64(self.req_to_token.data_ptr()), cupy.int64(self.req_to_token.shape[1]),
+                    cupy.uint64(self.step_ids.data_ptr()), cupy.uint64(self.step_pos.data_ptr()),
+                    cupy.uint64(self.step_loc.data_ptr()), cupy.uint64(self.canary.data_ptr()),
+                    cupy.uint64(scratch.data_ptr()), cupy.uint32(self.bs))
+            self._write_floor_kernel = (fn, scratch, args)
+        fn, scratch, args = self._write_floor_kernel
+
+        def run():
+            _launch_on_current_stream(fn, ((self.bs + threads - 1) // threads,), (threads,), args, self.device)
+        run.geometry = f"{threads} threads"  # type: ignore[attr-defined]
+        run.keep = scratch  # type: ignore[attr-defined]
+        return run
 
     def verify_table_kv(self):
         self.verify_table(contexts=(self.ctx, self.ctx_v))
@@ -948,6 +985,7 @@ def main(argv=None) -> int:
         del case
         torch.cuda.empty_cache()
 
+    graph_end = timer.graph_launch_us()
     md = table(rows, copy_gbs)
     notes = [
         "",
@@ -960,6 +998,9 @@ def main(argv=None) -> int:
         "9): " + (", ".join(floor_geometries) or "-") + ".",
         f"eager samples taken again because the host enqueued a launch later than the sleep before it covered: "
         f"{timer.retaken}.",
+        f"graph state: a one-element add took {timer.graph_state[0]:.2f} µs per launch in the process's first "
+        f"graph, {timer.graph_state[1]:.2f} after {GRAPHS_BEFORE_TIMING} more (before anything was timed) and "
+        f"{graph_end:.2f} at the end.",
         "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures)),
     ]
     text = "\n".join(header) + "\n\n" + md + "\n" + "\n".join(notes) + "\n"

@@ -1,6 +1,7 @@
 """bench/bench_cuda.py runs on a GPU only; its table is plain arithmetic, checked here: the byte-minimum share
 of the copy bandwidth, ns per token of the writes, and the SM clock column (``-`` where a value is missing); and its
-eager timing's guard against a late launch, on a fake stream and host clock."""
+eager timing's guard against a late launch, on a fake stream and host clock; and the graphs it captures before
+timing."""
 
 from __future__ import annotations
 
@@ -97,3 +98,23 @@ def test_eager_retakes_a_sample_the_sleep_did_not_cover(monkeypatch):
     us = timer.eager(gpu.fn, runs=30, warmup=5)
     assert us == pytest.approx(100.0)
     assert timer.retaken == 4 * 30 and gpu.calls == 5 + 3 + 5 * 30
+
+
+def test_settle_graphs_captures_graphs_before_anything_is_timed(monkeypatch):
+    """A process's first graphs replay small kernels faster than every later one (docs/BENCHMARKS.md), so the timer
+    captures ``GRAPHS_BEFORE_TIMING`` graphs before its first op is timed and reports the add's time per launch in
+    the process's first graph and after them. Here a fake ``graph`` gets slower from the third capture on, as the
+    GPUs did."""
+    captured: list[tuple[object, int, int]] = []
+
+    def graph(self, fn, *, runs, reps):
+        captured.append((fn, runs, reps))
+        return 1.8 if len(captured) <= 2 else 2.0
+
+    monkeypatch.setattr(bc.Timer, "graph", graph)
+    timer = object.__new__(bc.Timer)
+    assert timer.settle_graphs() == (1.8, 2.0)
+    n = bc.GRAPHS_BEFORE_TIMING
+    assert n >= 2
+    assert [(runs, reps) for _, runs, reps in captured] == [(30, 20)] + [(1, 20)] * n + [(30, 20)]
+    assert all(fn == timer.tiny for fn, _, _ in captured)

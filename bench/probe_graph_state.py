@@ -1,0 +1,116 @@
+#!/usr/bin/env python3
+"""Does a CUDA graph's time per launch depend on how many graphs the process has captured?
+
+Usage (on a CUDA machine, from the repository root)::
+
+    PYTHONPATH=. python3 bench/probe_graph_state.py [--shape A] [--layout shuffled]
+
+What it found (docs/BENCHMARKS.md, 2026-12-05 18:40 UTC, an H100; without this script, by the same steps): the
+bare decode write at A took 1.83-1.86 µs per launch in the first two graphs of 20 launches the process captured and
+1.99-2.05 in every graph after them; the first graph, kept alive, took the later time too once more graphs had been
+captured, and kept it after they were dropped. So a process's first graph timings are faster than the rest,
+whatever was timed before them: ``bench_cuda.py``'s ``Timer`` therefore captures ``GRAPHS_BEFORE_TIMING`` graphs
+before anything is timed.
+
+This probe builds shape A (or B) as ``bench_cuda.py`` does, without its ``Timer`` (which would settle the state
+first), and times the bare decode write (``write_floor``) and ``write_table`` in graphs of 20 launches (median of 30
+replays): the first graph twice; four more graphs, kept alive; the first graph again; the first after the four are
+dropped; and a new one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_cuda as B
+
+import kvcanary
+from kvcanary import RealKvHashMode
+
+REPS, RUNS = 20, 30
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """``REPS`` launches of ``fn`` captured in one graph, replayed once."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(REPS):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def per_launch(g: torch.cuda.CUDAGraph, sleep_cycles: int) -> float:
+    """Median µs per launch over ``RUNS`` replays, each enqueued behind a GPU sleep (as ``Timer.graph``)."""
+    pairs = []
+    for _ in range(RUNS):
+        torch.cuda._sleep(sleep_cycles)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) / REPS
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="A", choices=sorted(k for k, v in B.SHAPES.items() if v["extend"] == 1))
+    ap.add_argument("--layout", default="shuffled", choices=("contiguous", "shuffled"))
+    ap.add_argument("--seed", type=int, default=20240601)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("probe_graph_state: needs a CUDA device", file=sys.stderr)
+        return 2
+    dev = torch.device("cuda", torch.cuda.current_device())
+    kvcanary.warmup(device=dev)
+    case = B.Case(args.shape, RealKvHashMode.NONE, args.layout, dev, args.seed)
+    failed = [f"{c.name}: {c.detail}" for c in case.check() if not c.ok]
+    if failed:
+        print("probe_graph_state: checks failed: " + "; ".join(failed), file=sys.stderr)
+        return 1
+    floor = case.write_floor_op(None, threads=128)
+    # A sleep of about 1 ms covers a replay's enqueueing (a graph launch takes the host some µs).
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record()
+    torch.cuda._sleep(10_000_000)
+    e.record()
+    torch.cuda.synchronize()
+    cycles = int(10_000_000 / (s.elapsed_time(e) * 1e3) * 1000)
+    print(f"{torch.cuda.get_device_name(dev)}; shape {args.shape} {args.layout} NONE; µs per launch in a graph "
+          f"({REPS} per replay, median of {RUNS} replays)")
+    print("| graph | write_floor | write_table |")
+    print("|---|---|---|")
+
+    def row(label: str, gf, gt) -> None:
+        print(f"| {label} | {per_launch(gf, cycles):.2f} | {per_launch(gt, cycles):.2f} |", flush=True)
+
+    first = (capture(floor), capture(case.write_table))
+    row("the first (captured first)", *first)
+    row("the first, again", *first)
+    more = [(capture(floor), capture(case.write_table)) for _ in range(2)]
+    row("the first, with two pairs more alive", *first)
+    for i, pair in enumerate(more):
+        row(f"pair {i + 2}", *pair)
+    del more
+    row("the first, after they were dropped", *first)
+    row("a new pair", capture(floor), capture(case.write_table))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
