@@ -331,11 +331,11 @@ WRITE_FLOOR_THREADS = (32, 64, 128, 256)
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
-# Graphs captured (and dropped) before anything is timed. On an H100 and an H200 a process's first graphs (about 40
-# launches in all: two of 20 launches, or a single 60-launch graph is already past it) replay small kernels about
-# 0.18 µs per launch faster than every graph after them, and once more exist the first take the later time too
-# (docs/BENCHMARKS.md, 2026-12-05 18:40 UTC; bench/probe_graph_state.py). An engine captures many graphs, so every op
-# is timed in the later state, not the first ops of a run in the earlier one.
+# Graphs captured (and dropped) before anything is timed. On an H100 and an H200 the graphs a process captures
+# first replay small kernels about 0.18 µs per launch faster than those it captures once about 40 launches have
+# been captured (two graphs of 20, or one of the plan op's 60), and the first ones slow down too once the later ones
+# exist (docs/BENCHMARKS.md, 2026-12-05 18:12-18:28 UTC; bench/probe_graph_state.py). An engine captures many
+# graphs, so every op is timed in the later state, not the first ops of a run in the earlier one.
 GRAPHS_BEFORE_TIMING = 4
 
 

@@ -5,7 +5,7 @@ Usage (on a CUDA machine, from the repository root)::
 
     PYTHONPATH=. python3 bench/probe_graph_state.py [--shape A] [--layout shuffled]
 
-What it found (docs/BENCHMARKS.md, 2026-12-05 18:40 UTC, an H100; without this script, by the same steps): the
+What it found (docs/BENCHMARKS.md, 2026-12-05 18:26-18:28 UTC, an H100; by the same steps, before this script): the
 bare decode write at A took 1.83-1.86 µs per launch in the first two graphs of 20 launches the process captured and
 1.99-2.05 in every graph after them; the first graph, kept alive, took the later time too once more graphs had been
 captured, and kept it after they were dropped. So a process's first graph timings are faster than the rest,
