@@ -344,6 +344,49 @@ GRAPHS_BEFORE_TIMING = 4
 # ---------------------------------------------------------------------------------------------------------
 
 
+def sleep_cycles_per_us() -> float:
+    """Cycles of ``torch.cuda._sleep`` per microsecond on the current device, measured (a 20 M-cycle sleep)."""
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1000)
+    s.record()
+    torch.cuda._sleep(20_000_000)
+    e.record()
+    torch.cuda.synchronize()
+    return 20_000_000 / (s.elapsed_time(e) * 1e3)
+
+
+def capture_graph(fn, reps: int, device: torch.device) -> torch.cuda.CUDAGraph:
+    """``reps`` launches of ``fn`` captured back to back in one graph, replayed once. One launch on a side stream
+    first, so that nothing the capture cannot do (a first-use allocation or module load) happens inside it."""
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(reps):
+            fn()
+    g.replay()
+    return g
+
+
+def graph_per_launch(g: torch.cuda.CUDAGraph, *, reps: int, runs: int, cycles: int) -> float:
+    """Median GPU microseconds per launch over ``runs`` replays of ``g`` (``reps`` launches), each replay enqueued
+    behind a GPU sleep of ``cycles`` that outlasts its enqueueing, so the events bracket GPU time only."""
+    pairs = []
+    for _ in range(runs):
+        torch.cuda._sleep(cycles)
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        g.replay()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) / reps
+
+
 class Timer:
     """CUDA-event timing with the GPU kept busy while the host enqueues (so events measure GPU time).
 
@@ -355,14 +398,7 @@ class Timer:
         self.device = device
         self.retaken = 0  # eager samples taken again (see eager)
         self.flush_buf = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device=device)
-        # cycles of torch.cuda._sleep per microsecond, measured
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1000)
-        s.record()
-        torch.cuda._sleep(20_000_000)
-        e.record()
-        torch.cuda.synchronize()
-        self.cycles_per_us = 20_000_000 / (s.elapsed_time(e) * 1e3)
+        self.cycles_per_us = sleep_cycles_per_us()
         self._one = torch.zeros(1, device=device)
         self.graph_state = self.settle_graphs()
 
@@ -447,30 +483,10 @@ class Timer:
         return statistics.median(times) * 1e6
 
     def graph(self, fn, *, runs: int, reps: int) -> float:
-        """Median GPU microseconds per launch with ``reps`` launches captured back to back in one graph."""
-        side = torch.cuda.Stream(device=self.device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            fn()
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            for _ in range(reps):
-                fn()
-        g.replay()
-        cycles = self._sleep_cycles(g.replay, calls=2)
-        pairs = []
-        for _ in range(runs):
-            torch.cuda._sleep(cycles)
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            pairs.append((s, e))
-        torch.cuda.synchronize()
-        del g
-        return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) / reps
+        """Median GPU microseconds per launch with ``reps`` launches captured back to back in one graph (dropped
+        after: ``capture_graph``, ``graph_per_launch``)."""
+        g = capture_graph(fn, reps, self.device)
+        return graph_per_launch(g, reps=reps, runs=runs, cycles=self._sleep_cycles(g.replay, calls=2))
 
 
 def copy_bandwidth(timer: Timer, runs: int) -> float:

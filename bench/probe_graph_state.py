@@ -13,15 +13,14 @@ whatever was timed before them: ``bench_cuda.py``'s ``Timer`` therefore captures
 before anything is timed.
 
 This probe builds shape A (or B) as ``bench_cuda.py`` does, without its ``Timer`` (which would settle the state
-first), and times the bare decode write (``write_floor``) and ``write_table`` in graphs of 20 launches (median of 30
-replays): the first graph twice; four more graphs, kept alive; the first graph again; the first after the four are
-dropped; and a new one.
+first), and times the bare decode write (``write_floor``, 128 threads per block) and ``write_table`` in graphs of 20
+launches each (``bench_cuda.capture_graph`` and ``graph_per_launch``, median of 30 replays): the first pair of graphs
+twice; two pairs more, kept alive, and the first pair again; the first pair after those are dropped; and a new pair.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -35,36 +34,6 @@ import kvcanary
 from kvcanary import RealKvHashMode
 
 REPS, RUNS = 20, 30
-
-
-def capture(fn) -> torch.cuda.CUDAGraph:
-    """``REPS`` launches of ``fn`` captured in one graph, replayed once."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(REPS):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
-def per_launch(g: torch.cuda.CUDAGraph, sleep_cycles: int) -> float:
-    """Median µs per launch over ``RUNS`` replays, each enqueued behind a GPU sleep (as ``Timer.graph``)."""
-    pairs = []
-    for _ in range(RUNS):
-        torch.cuda._sleep(sleep_cycles)
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay()
-        e.record()
-        pairs.append((s, e))
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs) / REPS
 
 
 def main(argv=None) -> int:
@@ -84,20 +53,18 @@ def main(argv=None) -> int:
         print("probe_graph_state: checks failed: " + "; ".join(failed), file=sys.stderr)
         return 1
     floor = case.write_floor_op(None, threads=128)
-    # A sleep of about 1 ms covers a replay's enqueueing (a graph launch takes the host some µs).
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record()
-    torch.cuda._sleep(10_000_000)
-    e.record()
-    torch.cuda.synchronize()
-    cycles = int(10_000_000 / (s.elapsed_time(e) * 1e3) * 1000)
+    cycles = int(1000 * B.sleep_cycles_per_us())  # 1 ms: covers a replay's enqueueing (some µs of host time)
     print(f"{torch.cuda.get_device_name(dev)}; shape {args.shape} {args.layout} NONE; µs per launch in a graph "
           f"({REPS} per replay, median of {RUNS} replays)")
     print("| graph | write_floor | write_table |")
     print("|---|---|---|")
 
+    def capture(fn) -> torch.cuda.CUDAGraph:
+        return B.capture_graph(fn, REPS, dev)
+
     def row(label: str, gf, gt) -> None:
-        print(f"| {label} | {per_launch(gf, cycles):.2f} | {per_launch(gt, cycles):.2f} |", flush=True)
+        us = [B.graph_per_launch(g, reps=REPS, runs=RUNS, cycles=cycles) for g in (gf, gt)]
+        print(f"| {label} | {us[0]:.2f} | {us[1]:.2f} |", flush=True)
 
     first = (capture(floor), capture(case.write_table))
     row("the first (captured first)", *first)
