@@ -29,6 +29,8 @@ against the drift of one process.
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
 launches per replay, as ``bench_cuda.py``; the L2 not flushed); registers and local (spill) bytes per thread.
+The timer captures ``bench_cuda.GRAPHS_BEFORE_TIMING`` graphs before the first variant is timed, so that variant
+no longer gets a process's faster first graphs (until 2026-12-05 18:35 UTC it did: docs/BENCHMARKS.md).
 Before timing, every variant must pass ``bench_cuda.Case.check`` on shape A (clean prefix verified clean, one
 flipped token caught, the plan-free write stamping what the plan-based one stamps). The table is printed last (and
 written to ``$OUT/tune_<kernel>.md`` when ``$OUT`` is set).
