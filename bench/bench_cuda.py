@@ -96,6 +96,8 @@ from kvcanary import (
 )
 from kvcanary.ops.cuda import specs as kernel_specs
 from kvcanary.ops.cuda import verify_table as cuda_verify_table
+from kvcanary.ops.cuda.launch import resolve_stream
+from kvcanary.ops.interop import Device
 
 SHAPES = {
     "A": dict(bs=256, prefix=4096, extend=1, what="decode"),
@@ -292,14 +294,11 @@ def floor_module():
     return cupy.RawModule(code=FLOOR_SRC, options=("-std=c++17", f"-I{kernels_dir()}"))
 
 
-def _launch_on_current_stream(fn, grid: tuple, block: tuple, args: tuple, device: torch.device) -> None:
-    """A floor kernel (``cupy.RawKernel``) on torch's current stream: through its ``Function`` with the stream
-    kvcanary's own launches resolve (``launch.resolve_stream``), not inside a ``cupy.cuda.ExternalStream``, which
-    CuPy 14 deprecates (the suite's bench log of 2026-12-05 15:41 UTC printed its DeprecationWarning)."""
-    from kvcanary.ops.cuda.launch import resolve_stream
-    from kvcanary.ops.interop import Device
-
-    fn.kernel(grid, block, args, stream=resolve_stream(None, Device("cuda", device.index)))
+def _launch_on_current_stream(fn, grid: tuple, block: tuple, args: tuple, device: Device) -> None:
+    """A floor kernel (``cupy.RawKernel``) on torch's current stream of ``device``: through its ``Function`` with the
+    stream kvcanary's own launches resolve (``launch.resolve_stream``), not inside a ``cupy.cuda.ExternalStream``,
+    which CuPy 14 deprecates (the suite's bench log of 2026-12-05 15:41 UTC printed its DeprecationWarning)."""
+    fn.kernel(grid, block, args, stream=resolve_stream(None, device))
 
 
 # The floor of a plan-free decode write (not a kvcanary op): one thread per row does only the dependent loads such a
@@ -411,11 +410,11 @@ class Timer:
         return self.graph(self.tiny, runs=30, reps=20)
 
     def settle_graphs(self, count: int = GRAPHS_BEFORE_TIMING) -> tuple[float, float]:
-        """Capture and replay ``count`` graphs (20 launches of ``tiny`` each) after a first one that is timed, then
-        time one more: (µs per launch in the first graph, µs per launch after the ``count``)."""
+        """Capture (and replay once) ``count`` graphs of 20 launches of ``tiny`` after a first one that is timed,
+        then time one more: (µs per launch in the first graph, µs per launch after the ``count``)."""
         first = self.graph_launch_us()
         for _ in range(count):
-            self.graph(self.tiny, runs=1, reps=20)
+            capture_graph(self.tiny, 20, self.device)
         return first, self.graph_launch_us()
 
     def _sleep_cycles(self, fn, calls: int = 3) -> int:
@@ -609,12 +608,13 @@ class Case:
         (10 runs)."""
         mod = floor_module()
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+        dev = Device("cuda", self.device.index)
 
         def make(u: int, b: int):
             fn = mod.get_function(f"{kernel}_u{u}")
 
             def run():
-                _launch_on_current_stream(fn, (b * sms,), (256,), args, self.device)
+                _launch_on_current_stream(fn, (b * sms,), (256,), args, dev)
             run.geometry = f"{u} x {b}"  # type: ignore[attr-defined]
             run.keep = out  # type: ignore[attr-defined]
             return run
@@ -656,19 +656,15 @@ class Case:
             setattr(self, key, self._floor_launcher(with_table, timer, two))
         return getattr(self, key)
 
-    def write_floor_op(self, timer: Timer | None, threads: int | None = None):
-        """The bare decode write (see WRITE_FLOOR_SRC) at the fastest of ``WRITE_FLOOR_THREADS`` block sizes (timed
-        eagerly with ``timer``), or at ``threads`` per block when given (``timer`` unused)."""
-        if threads is not None:
-            return self._write_floor_launcher(threads)
-        if hasattr(self, "_write_floor"):
-            return self._write_floor
-        assert timer is not None, "write_floor_op: a timer or threads"
-        best = min((timer.eager(self._write_floor_launcher(t), runs=10, warmup=2), t) for t in WRITE_FLOOR_THREADS)
-        self._write_floor = self._write_floor_launcher(best[1])
+    def write_floor_op(self, timer: Timer):
+        """The bare decode write (see WRITE_FLOOR_SRC) at the fastest of ``WRITE_FLOOR_THREADS`` block sizes, timed
+        eagerly with ``timer`` (once per case)."""
+        if not hasattr(self, "_write_floor"):
+            best = min((timer.eager(self.write_floor_at(t), runs=10, warmup=2), t) for t in WRITE_FLOOR_THREADS)
+            self._write_floor = self.write_floor_at(best[1])
         return self._write_floor
 
-    def _write_floor_launcher(self, threads: int):
+    def write_floor_at(self, threads: int):
         """The bare decode write at ``threads`` per block: a function that launches it on the current stream (the
         kernel, its scratch records and its arguments are built once per case)."""
         if not hasattr(self, "_write_floor_kernel"):
@@ -683,9 +679,10 @@ class Case:
                     cupy.uint64(scratch.data_ptr()), cupy.uint32(self.bs))
             self._write_floor_kernel = (fn, scratch, args)
         fn, scratch, args = self._write_floor_kernel
+        dev = Device("cuda", self.device.index)
 
         def run():
-            _launch_on_current_stream(fn, ((self.bs + threads - 1) // threads,), (threads,), args, self.device)
+            _launch_on_current_stream(fn, ((self.bs + threads - 1) // threads,), (threads,), args, dev)
         run.geometry = f"{threads} threads"  # type: ignore[attr-defined]
         run.keep = scratch  # type: ignore[attr-defined]
         return run

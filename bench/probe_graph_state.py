@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     if failed:
         print("probe_graph_state: checks failed: " + "; ".join(failed), file=sys.stderr)
         return 1
-    floor = case.write_floor_op(None, threads=128)
+    floor = case.write_floor_at(128)
     cycles = int(1000 * B.sleep_cycles_per_us())  # 1 ms: covers a replay's enqueueing (some µs of host time)
     print(f"{torch.cuda.get_device_name(dev)}; shape {args.shape} {args.layout} NONE; µs per launch in a graph "
           f"({REPS} per replay, median of {RUNS} replays)")

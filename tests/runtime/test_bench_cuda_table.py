@@ -103,18 +103,23 @@ def test_eager_retakes_a_sample_the_sleep_did_not_cover(monkeypatch):
 def test_settle_graphs_captures_graphs_before_anything_is_timed(monkeypatch):
     """A process's first graphs replay small kernels faster than every later one (docs/BENCHMARKS.md), so the timer
     captures ``GRAPHS_BEFORE_TIMING`` graphs before its first op is timed and reports the add's time per launch in
-    the process's first graph and after them. Here a fake ``graph`` gets slower from the third capture on, as the
-    GPUs did."""
-    captured: list[tuple[object, int, int]] = []
+    the process's first graph and after them. Here a fake ``graph`` gets slower once graphs have been captured
+    outside it, as the GPUs did."""
+    events: list[tuple[object, ...]] = []
 
     def graph(self, fn, *, runs, reps):
-        captured.append((fn, runs, reps))
-        return 1.8 if len(captured) <= 2 else 2.0
+        events.append(("timed", fn, runs, reps))
+        return 2.0 if any(e[0] == "captured" for e in events) else 1.8
+
+    def capture_graph(fn, reps, device):
+        events.append(("captured", fn, reps))
 
     monkeypatch.setattr(bc.Timer, "graph", graph)
+    monkeypatch.setattr(bc, "capture_graph", capture_graph)
     timer = object.__new__(bc.Timer)
+    timer.device = "cuda:0"
     assert timer.settle_graphs() == (1.8, 2.0)
     n = bc.GRAPHS_BEFORE_TIMING
     assert n >= 2
-    assert [(runs, reps) for _, runs, reps in captured] == [(30, 20)] + [(1, 20)] * n + [(30, 20)]
-    assert all(fn == timer.tiny for fn, _, _ in captured)
+    assert [(e[0], *e[2:]) for e in events] == [("timed", 30, 20)] + [("captured", 20)] * n + [("timed", 30, 20)]
+    assert all(e[1] == timer.tiny for e in events)
