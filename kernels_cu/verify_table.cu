@@ -38,8 +38,9 @@
 // done once; each context adds its record (and KV) reads.
 // Numbers (H200, docs/BENCHMARKS.md, 2026-12-05): B NONE shuffled (8.4 M entries) runs within 5 % of a bare kernel
 // that reads the same table entries and records and checks nothing (209.7 against 201.4 us; random 32-byte records
-// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.0 us eager, 14.9-15.5 us in a graph with the 32-bit
-// modules and the lead (KVC_VT_LEAD_ENTRY; 15.4-15.9 without it; 16.3-17.1 with the 64-bit ones; 6.1 and 7.6 warp
+// cost a 64-byte DRAM access each); A NONE (1 M entries) is 30.0 us eager, 15.4-15.7 us in a graph with the 32-bit
+// modules and the lead once the process has captured other graphs (14.9-15.2 in its first ones; the lead saves
+// 0.3-0.5 us: KVC_VT_LEAD_ENTRY; 16.3-17.1 with the 64-bit modules; 6.1 and 7.6 warp
 // instructions per entry by Nsight Compute, 14.4 with the earlier distribution, where blocks took 512-entry chunks
 // round-robin and lane 0 of every warp looked up its predecessor at every step); B NONE contiguous 95.7 us (103.9
 // with the 64-bit modules, 178 before).
