@@ -69,6 +69,11 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // Which warp writes short request r: 1: block r mod G, its warp (r / G) mod W (a decode batch spread over every
 // SM); 0: warp r mod (G * W) of the grid in block order (the first blocks' warps first).
 #define KVC_WT_SPREAD 1
+// 1: in a tile of one row per thread (a batch of up to KVC_WT_THREADS rows) of n <= G * G rows, the block's own rows
+// are scanned by its first threads (kvc_wt_own_first_row), so a decode batch's rows of a block are written, and
+// their stamps counted, by one warp (at A: one count atomic per block instead of two, 132 instead of 256 on one
+// address); 0: thread t scans row t. Needs KVC_WT_SPREAD. Not timed yet: off.
+#define KVC_WT_OWN_FIRST 0
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -190,6 +195,25 @@ __device__ __forceinline__ void kvc_wt_single_seed_load(const Cx& cx, int nctx, 
     }
 }
 
+// The tile-local row that thread t scans in a tile of one row per thread (KVC_WT_OWN_FIRST): of n <= G * G rows
+// (G = blocks), the block's c own rows block + j * G (j < c) go to threads j (own), every other row stays with its
+// own thread but for the rows below c: those go to the threads of the own rows at or past c, in order. n <= G * G
+// makes c <= G, so at most one own row (block, when block < c: `lead`) lies below c. Threads at or past n keep
+// their index (no row). A bijection on [0, KVC_WT_THREADS); the one division (32-bit) only in threads that hold
+// neither kind of row below c.
+__device__ __forceinline__ kvc_i64 kvc_wt_own_first_row(int t, kvc_i64 n, kvc_i64 blocks, kvc_i64 block, bool& own) {
+    const kvc_i64 r = block + (kvc_i64)t * blocks;
+    own = r < n;
+    if (own) return r;
+    if (t < block || t >= n) return t;  // not an own row (t < block < G), or no row
+    const unsigned d = (unsigned)(t - block), g = (unsigned)blocks;
+    const unsigned j = d / g;
+    if (j * g != d) return t;  // not an own row
+    const bool lead = block + block * blocks < n;  // the own row `block` is below c (thread block's is own)
+    const kvc_i64 m = (kvc_i64)j - (lead ? 1 : 0);  // the m-th non-own row below c
+    return m + (lead && m >= block ? 1 : 0);
+}
+
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -197,15 +221,15 @@ struct KvcWtTile {
     bool ones;      // every row has one token (a decode tile: only the warps of the block's own rows stamp)
 };
 
-// Thread tid's rows into shared memory, from `run`, the tile-local token offset of its first row: s_start gets
-// each row's offset, s_seed its seed (kvc::kWtRowDone for the rows the warp loop skips); row jm (the thread's
-// first row of the block's own) becomes `one` (go: a one-token request this thread writes).
+// The thread's rows (tile-local indices at, at + 1, ...) into shared memory, from `run`, the tile-local token
+// offset of its first row: s_start gets each row's offset, s_seed its seed (kvc::kWtRowDone for the rows the warp
+// loop skips); row jm (the thread's first row of the block's own) becomes `one` (go: a one-token request this
+// thread writes).
 template <int ITEMS, int NC, class Cx>
-__device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParams& tk, kvc_i64 run, kvc_i64 tok_carry,
-                                               int items, const kvc_i64 (&len)[ITEMS], const kvc_i64 (&seed)[ITEMS],
-                                               int jm, kvc_i64 len_m, kvc_i64 seed_m, kvc_i64* s_start,
-                                               kvc_i64* s_seed, KvcWtSingle<NC>& one) {
-    const int tid = (int)threadIdx.x;
+__device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParams& tk, int at, kvc_i64 run,
+                                               kvc_i64 tok_carry, int items, const kvc_i64 (&len)[ITEMS],
+                                               const kvc_i64 (&seed)[ITEMS], int jm, kvc_i64 len_m, kvc_i64 seed_m,
+                                               kvc_i64* s_start, kvc_i64* s_seed, KvcWtSingle<NC>& one) {
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         if (j >= items) break;
@@ -216,8 +240,8 @@ __device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParam
             one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
             done = len_m == 0 || one.go;
         }
-        s_start[tid * items + j] = run;
-        s_seed[tid * items + j] = done ? kvc::kWtRowDone : seed[j];
+        s_start[at + j] = run;
+        s_seed[at + j] = done ? kvc::kWtRowDone : seed[j];
         run += len[j];
     }
 }
@@ -238,7 +262,22 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
                                                  int (&position_flag)[NC]) {
     const int tid = (int)threadIdx.x;
     const int nctx = cx.count();
+#if KVC_WT_OWN_FIRST
+    static_assert(KVC_WT_SPREAD, "KVC_WT_OWN_FIRST lays out the rows as KVC_WT_SPREAD does");
+    // The thread's row: its own index, or with one row per thread of n <= G * G rows (block-uniform) the block's own
+    // rows first (kvc_wt_own_first_row); own_row: it is one of the block's.
+    const kvc_i64 n_tile = kvc_min64((kvc_i64)items * KVC_WT_THREADS, b.bs - tile);
+    const bool own_first = ITEMS == 1 && n_tile <= blocks * blocks;
+    bool own_row = false;
+    const int at = own_first ? (int)kvc_wt_own_first_row(tid, n_tile, blocks, block, own_row) : tid * items;
+    __shared__ kvc_i64 s_len[KVC_WT_THREADS];  // own_first: the rows' write lengths, for a scan in row order
+    const kvc_i64 first = tile + at;
+#else
+    [[maybe_unused]] constexpr bool own_first = false;  // (used with KVC_WT_SPREAD)
+    [[maybe_unused]] constexpr bool own_row = false;
+    const int at = tid * items;
     const kvc_i64 first = tile + (kvc_i64)tid * items;
+#endif
     // The row loads first: they start the critical path (rows -> table -> seed record). Then the contexts' position
     // flags, compared only where used (a flag compared here would hold every warp for a load latency before its
     // row loads were issued: Nsight Compute, H200).
@@ -260,14 +299,14 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     // count for the next ones (a decode batch's threads are on the critical path, and each division is a long
     // sequence of instructions).
     kvc_i64 by_block = first, q;
-    if (first >= blocks) kvc_divmod(first, blocks, q, by_block);
+    if (!own_first && first >= blocks) kvc_divmod(first, blocks, q, by_block);
 #endif
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         mine[j] = false;
         if (j < items && first + j < b.bs) {
 #if KVC_WT_SPREAD
-            mine[j] = by_block == block;
+            mine[j] = own_first ? own_row : by_block == block;
             const bool by_warps = mine[j];
             by_block = by_block + 1 == blocks ? 0 : by_block + 1;
 #else
@@ -317,14 +356,32 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     out.total = n_rows;
     out.any_long = false;
     out.ones = true;
-    kvc_wt_publish<ITEMS>(cx, tk, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
+    kvc_wt_publish<ITEMS>(cx, tk, at, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
                           s_seed, one);
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = n_rows;
+#if KVC_WT_OWN_FIRST
+    if (own_first) s_len[at] = sum;  // every index once (a bijection)
+#endif
     if (__syncthreads_and(ones)) return out;
     out.ones = false;
-    const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
-    kvc_wt_publish<ITEMS>(cx, tk, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
-    if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
+#if KVC_WT_OWN_FIRST
+    if (own_first) {  // the scan in row order (thread t: row t), then the own rows' offsets from it
+        const kvc_i64 run = kvc_block_exclusive_sum(s_len[tid], scratch, out.total);
+        s_start[tid] = run;
+        if (tid == 0) s_start[KVC_WT_THREADS] = out.total;
+        __syncthreads();
+        if (jm == 0) {  // as kvc_wt_publish does (written out there: a call changed the SASS of the default build)
+            one.start = tok_carry + s_start[at];
+            one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
+            s_seed[at] = len_m == 0 || one.go ? kvc::kWtRowDone : seed_m;
+        }
+    } else
+#endif
+    {
+        const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
+        kvc_wt_publish<ITEMS>(cx, tk, at, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
+        if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
+    }
     // The barrier that publishes the rows also tells whether any row may be long (a row of more than kWriteShort
     // tokens whose range turns out bad is not: the long loop checks each row).
     out.any_long = __syncthreads_or(some_long) != 0;

@@ -418,15 +418,16 @@ def test_write_table_emulated(emu, block_size, window, pad_row, n_contexts, mode
     assert emu.modules("write_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-def _write_table_cycle(emu, rng, *, extend_cycle, flag, **batch):
+def _write_table_cycle(emu, rng, *, extend_cycle, flag, short=0, **batch):
     """A one-buffer write (no real KV) of a batch whose active rows' extend lengths follow ``extend_cycle``, through
-    the emulated kernel and the reference; returns the batch and the violation rows compared."""
+    the emulated kernel and the reference (``short``: the token arrays that many short); returns the batch and the
+    violation rows compared."""
     b = make_table_batch(rng, block_size=16, extend_cycle=extend_cycle, **batch)
     cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
                               stride=32, flag=flag)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=0.2)
-    tokens = make_write_tokens(rng, b)
+    tokens = make_write_tokens(rng, b, short=short)
     ref, got = _run(emu, kc.launch_canary_write_from_table,
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
                                    **s[2].kwargs()), (b, cases, tokens))
@@ -550,6 +551,47 @@ def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_
     assert rows > 0
     assert int((b.extend_seq_lens == 1).sum()) >= n_active
     assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0 or inactive_extend_one) and b.bs == n_active + n_other
+
+
+@pytest.fixture(params=[0, 1], ids=["row-per-thread", "own-first"])
+def wt_own_first(request, tmp_path) -> Iterator[int]:
+    """``kernels_cu/`` with ``KVC_WT_OWN_FIRST`` set to the parameter (a copy; the source's own value aside)."""
+    src = edited_copy(tmp_path / "kernels_cu", "write_table.cu",
+                      lambda text: specs.set_int_define(text, "KVC_WT_OWN_FIRST", request.param))
+    with kernels_from(src):
+        yield request.param
+
+
+@pytest.mark.parametrize("sms, n_active, n_other, inactive_extend_one, laid_out", [
+    (7, 49, 0, False, True), (7, 40, 9, False, True), (6, 20, 9, True, True), (3, 9, 0, False, True),
+    (3, 40, 9, False, False)])
+def test_write_table_emulated_decode_own_first(monkeypatch, wt_own_first, sms, n_active, n_other,
+                                               inactive_extend_one, laid_out):
+    """A batch of one row per thread over G blocks, with and without ``KVC_WT_OWN_FIRST``: with it, and n <= G * G
+    rows, a block's own rows are scanned (and written) by its first threads and the rest keep their threads but
+    for the rows below the own count (kvc_wt_own_first_row). A decode batch of n = G * G rows (every row one
+    token: the offsets are the indices), one with padding and invalid rows (the check fails and the scan runs in
+    row order from the lengths the threads left in shared memory), inactive rows of extend 1, nine rows on three
+    blocks, and n > G * G (the switch compiled in, the layout not taken)."""
+    grid = grids.write_table_grid(sms).blocks
+    _write_table_decode_case(monkeypatch, sms, 2 if n_other else 1, Mode.NONE, 0, True, n_active, n_other,
+                             inactive_extend_one=inactive_extend_one)
+    assert (n_active + n_other <= grid * grid) == laid_out
+
+
+@pytest.mark.parametrize("sms, n_active, short", [(6, 30, 0), (6, 30, 90), (3, 4, 0)])
+def test_write_table_emulated_mixed_own_first(monkeypatch, wt_own_first, sms, n_active, short):
+    """Short, long, empty and one-token requests in a tile of one row per thread of n <= G * G rows, with and
+    without ``KVC_WT_OWN_FIRST``: the scan in row order after the own-first layout gives the same offsets, seeds
+    and records as the row-per-thread scan, and both request loops run. With token arrays 90 short, one-token rows
+    whose index is inside the arrays start past them (the first publish took them for written; after the scan the
+    warp loop logs them)."""
+    with emulated_cuda(monkeypatch, sms=sms) as emu:
+        b, rows = _write_table_cycle(emu, rng_for("emu-write_table-own-first", sms, n_active, short),
+                                     extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
+                                     n_active=n_active, max_reqs=n_active + 4, short=short)
+    grid = grids.write_table_grid(sms).blocks
+    assert rows > 0 and b.bs <= grid * grid and int(b.extend_seq_lens.max()) == 33
 
 
 # ------------------------------------------------------------------------------- the SGLang-named ops
