@@ -65,7 +65,8 @@
 // The 32-bit modules take splitmix64's multiplies as three multiply-adds (common.cuh, kvc_mul64); with
 // KVC_VT_MUL3_ALL 1 the 64-bit ones (block tables: the paged engines' path) do too. For those, statically 1-6 %
 // fewer instructions per module, no spills (nvcc 13.0, sm_90; the PARTIAL modules gain most, their fold being
-// splitmix64 too), not yet timed on a GPU: off (bench/tune_geometry.py's fifth number).
+// splitmix64 too). Timed on an H200 (docs/BENCHMARKS.md, 2026-12-05 10:05 UTC): within 0.4 % without real KV,
+// 0.3-1.1 % slower with it: off (bench/tune_geometry.py's fifth number).
 #define KVC_VT_MUL3_ALL 0
 #if (defined(KVC_FLAT32) && KVC_FLAT32) || KVC_VT_MUL3_ALL
 #define KVC_MUL3 1
@@ -121,7 +122,9 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // each context's checks), compiled knowing that every entry is real and takes its neighbour's predecessor, so that
 // no per-entry flags are kept or tested there: in the A NONE 32-bit module (nvcc 13.0) such a step without a
 // violation runs 245 instructions instead of 284, for 21 % more code (2,304 -> 2,792) and 54 registers instead of
-// 48; no module spills. Not yet timed on a GPU: off (bench/tune_geometry.py's sixth number).
+// 48; no module spills. Timed on an H200 (docs/BENCHMARKS.md, 2026-12-05 10:05 UTC): contiguous pools 2-4 % faster
+// in a graph, A shuffled 1-2 % slower (with the lead in every range too): off (bench/tune_geometry.py's sixth
+// number).
 #define KVC_VT_IN_ROW_SPLIT 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
