@@ -74,6 +74,12 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // their stamps counted, by one warp (at A: one count atomic per block instead of two, 132 instead of 256 on one
 // address); 0: thread t scans row t. Needs KVC_WT_SPREAD. Not timed yet: off.
 #define KVC_WT_OWN_FIRST 0
+// 1: a batch of at most KVC_WT_THREADS rows has each thread's row (as kvc_wt_rows<1> takes it) loaded at the kernel's
+// start (kvc_wt_early_row), before the counter, the tile set-up and the branch to the one-row scan: in the A decode
+// module (nvcc 13.0) the row loads are then the kernel's 23rd-28th instructions instead of coming after about 90
+// (the set-up, and the batch's pointers read from the parameters only then); 106 registers instead of 94. Not
+// timed yet: off.
+#define KVC_WT_EARLY_ROWS 0
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -214,6 +220,34 @@ __device__ __forceinline__ kvc_i64 kvc_wt_own_first_row(int t, kvc_i64 n, kvc_i6
     return m + (lead && m >= block ? 1 : 0);
 }
 
+// A thread's row of a batch of at most KVC_WT_THREADS rows, loaded at the kernel's start (KVC_WT_EARLY_ROWS) for the
+// one-row scan: `at` its tile-local index, `own` (with own_first, KVC_WT_OWN_FIRST's layout) one of the block's own,
+// and its fields (0 where there is no row, as kvc_wt_rows leaves them).
+struct KvcWtEarlyRow {
+    int at;
+    bool own_first, own;
+    kvc_i64 rp, prefix, extend;
+};
+
+// The thread's row for kvc_wt_rows<1> (any batch: a larger one never reads it, and loads nothing here).
+__device__ __forceinline__ KvcWtEarlyRow kvc_wt_early_row(const KvcBatchParams& b, kvc_i64 blocks, kvc_i64 block) {
+    const int tid = (int)threadIdx.x;
+    KvcWtEarlyRow e;
+    e.at = tid;
+    e.own_first = e.own = false;
+#if KVC_WT_OWN_FIRST
+    e.own_first = b.bs <= KVC_WT_THREADS && b.bs <= blocks * blocks;
+    if (e.own_first) e.at = (int)kvc_wt_own_first_row(tid, b.bs, blocks, block, e.own);
+#endif
+    e.rp = e.prefix = e.extend = 0;
+    if (e.at < b.bs && b.bs <= KVC_WT_THREADS) {
+        e.rp = b.req_pool_indices[e.at];
+        e.prefix = b.prefix_lens[e.at];
+        e.extend = b.extend_seq_lens[e.at];
+    }
+    return e;
+}
+
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -259,17 +293,20 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
                                                  const KvcTokenParams& tk, kvc_i64 tile, int items, kvc_i64 tok_carry,
                                                  kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start, kvc_i64* s_seed,
                                                  kvc_i64* scratch, kvc_i64& invalid, KvcWtSingle<NC>& one,
-                                                 int (&position_flag)[NC]) {
+                                                 int (&position_flag)[NC], const KvcWtEarlyRow& early) {
     const int tid = (int)threadIdx.x;
     const int nctx = cx.count();
+    // With KVC_WT_EARLY_ROWS the one-row scan takes its row as loaded at the kernel's start (one tile: tile 0).
+    constexpr bool kEarly = KVC_WT_EARLY_ROWS && ITEMS == 1;
 #if KVC_WT_OWN_FIRST
     static_assert(KVC_WT_SPREAD, "KVC_WT_OWN_FIRST lays out the rows as KVC_WT_SPREAD does");
     // The thread's row: its own index, or with one row per thread of n <= G * G rows (block-uniform) the block's own
     // rows first (kvc_wt_own_first_row); own_row: it is one of the block's.
     const kvc_i64 n_tile = kvc_min64((kvc_i64)items * KVC_WT_THREADS, b.bs - tile);
-    const bool own_first = ITEMS == 1 && n_tile <= blocks * blocks;
-    bool own_row = false;
-    const int at = own_first ? (int)kvc_wt_own_first_row(tid, n_tile, blocks, block, own_row) : tid * items;
+    const bool own_first = kEarly ? early.own_first : ITEMS == 1 && n_tile <= blocks * blocks;
+    bool own_row = kEarly && early.own;
+    const int at = kEarly ? early.at
+                          : own_first ? (int)kvc_wt_own_first_row(tid, n_tile, blocks, block, own_row) : tid * items;
     __shared__ kvc_i64 s_len[KVC_WT_THREADS];  // own_first: the rows' write lengths, for a scan in row order
     const kvc_i64 first = tile + at;
 #else
@@ -285,7 +322,11 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         rp[j] = prefix[j] = extend[j] = 0;
-        if (j < items && first + j < b.bs) {
+        if (kEarly) {
+            rp[j] = early.rp;
+            prefix[j] = early.prefix;
+            extend[j] = early.extend;
+        } else if (j < items && first + j < b.bs) {
             rp[j] = b.req_pool_indices[first + j];
             prefix[j] = b.prefix_lens[first + j];
             extend[j] = b.extend_seq_lens[first + j];
@@ -499,6 +540,11 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int nctx = (int)p.num_contexts;
     const kvc_i64 blocks = gridDim.x, block = blockIdx.x;
+#if KVC_WT_EARLY_ROWS
+    const KvcWtEarlyRow early = kvc_wt_early_row(b, blocks, block);
+#else
+    const KvcWtEarlyRow early{};  // not read
+#endif
 #if KVC_WT_SPREAD
     const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = (kvc_i64)warp * blocks + block;
 #else
@@ -537,10 +583,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         if (!decode)
             rows = items == 1
                 ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
-                                                            s_seed, scratch, invalid, one, position_flag)
+                                                            s_seed, scratch, invalid, one, position_flag, early)
                 : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry,
                                                                            blocks, block, s_start, s_seed, scratch,
-                                                                           invalid, one, position_flag);
+                                                                           invalid, one, position_flag, early);
         all_decode = all_decode && rows.ones;  // kvc_wt_decode_rows checked it (rows keeps its defaults)
         bool position_assert[NC];
 #pragma unroll

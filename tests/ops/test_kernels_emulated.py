@@ -553,11 +553,18 @@ def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_
     assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0 or inactive_extend_one) and b.bs == n_active + n_other
 
 
-@pytest.fixture(params=[0, 1], ids=["row-per-thread", "own-first"])
-def wt_own_first(request, tmp_path) -> Iterator[int]:
-    """``kernels_cu/`` with ``KVC_WT_OWN_FIRST`` set to the parameter (a copy; the source's own value aside)."""
-    src = edited_copy(tmp_path / "kernels_cu", "write_table.cu",
-                      lambda text: specs.set_int_define(text, "KVC_WT_OWN_FIRST", request.param))
+@pytest.fixture(params=[(0, 0), (1, 0), (0, 1), (1, 1)],
+                ids=["row-per-thread", "own-first", "early-rows", "own-first+early-rows"])
+def wt_switches(request, tmp_path) -> Iterator[tuple[int, int]]:
+    """``kernels_cu/`` with ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS`` set to the parameter's two values (a
+    copy; the source's own values aside): the ways the one-row scan of a batch of up to 256 rows lays out and
+    loads its rows."""
+    def switched(text: str) -> str:
+        for name, value in zip(("KVC_WT_OWN_FIRST", "KVC_WT_EARLY_ROWS"), request.param):
+            text = specs.set_int_define(text, name, value)
+        return text
+
+    src = edited_copy(tmp_path / "kernels_cu", "write_table.cu", switched)
     with kernels_from(src):
         yield request.param
 
@@ -565,14 +572,15 @@ def wt_own_first(request, tmp_path) -> Iterator[int]:
 @pytest.mark.parametrize("sms, n_active, n_other, inactive_extend_one, laid_out", [
     (7, 49, 0, False, True), (7, 40, 9, False, True), (6, 20, 9, True, True), (3, 9, 0, False, True),
     (3, 40, 9, False, False)])
-def test_write_table_emulated_decode_own_first(monkeypatch, wt_own_first, sms, n_active, n_other,
-                                               inactive_extend_one, laid_out):
-    """A batch of one row per thread over G blocks, with and without ``KVC_WT_OWN_FIRST``: with it, and n <= G * G
-    rows, a block's own rows are scanned (and written) by its first threads and the rest keep their threads but
-    for the rows below the own count (kvc_wt_own_first_row). A decode batch of n = G * G rows (every row one
-    token: the offsets are the indices), one with padding and invalid rows (the check fails and the scan runs in
-    row order from the lengths the threads left in shared memory), inactive rows of extend 1, nine rows on three
-    blocks, and n > G * G (the switch compiled in, the layout not taken)."""
+def test_write_table_emulated_decode_one_row_scan(monkeypatch, wt_switches, sms, n_active, n_other,
+                                                  inactive_extend_one, laid_out):
+    """A batch of one row per thread over G blocks, under each setting of ``KVC_WT_OWN_FIRST`` and
+    ``KVC_WT_EARLY_ROWS`` (the rows loaded at the kernel's start). With ``KVC_WT_OWN_FIRST`` and n <= G * G rows a
+    block's own rows are scanned (and written) by its first threads and the rest keep their threads but for the
+    rows below the own count (kvc_wt_own_first_row). A decode batch of n = G * G rows (every row one token: the
+    offsets are the indices), one with padding and invalid rows (the check fails and the scan runs in row order
+    from the lengths the threads left in shared memory), inactive rows of extend 1, nine rows on three blocks, and
+    n > G * G (the switch compiled in, the layout not taken)."""
     grid = grids.write_table_grid(sms).blocks
     _write_table_decode_case(monkeypatch, sms, 2 if n_other else 1, Mode.NONE, 0, True, n_active, n_other,
                              inactive_extend_one=inactive_extend_one)
@@ -580,9 +588,9 @@ def test_write_table_emulated_decode_own_first(monkeypatch, wt_own_first, sms, n
 
 
 @pytest.mark.parametrize("sms, n_active, short", [(6, 30, 0), (6, 30, 90), (3, 4, 0)])
-def test_write_table_emulated_mixed_own_first(monkeypatch, wt_own_first, sms, n_active, short):
+def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, n_active, short):
     """Short, long, empty and one-token requests in a tile of one row per thread of n <= G * G rows, with and
-    without ``KVC_WT_OWN_FIRST``: the scan in row order after the own-first layout gives the same offsets, seeds
+    without ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS``: the scan in row order after the own-first layout gives the same offsets, seeds
     and records as the row-per-thread scan, and both request loops run. With token arrays 90 short, one-token rows
     whose index is inside the arrays start past them (the first publish took them for written; after the scan the
     warp loop logs them)."""
