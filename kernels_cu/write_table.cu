@@ -205,8 +205,8 @@ __device__ __forceinline__ void kvc_wt_single_seed_load(const Cx& cx, int nctx, 
 // (G = blocks), the block's c own rows block + j * G (j < c) go to threads j (own), every other row stays with its
 // own thread but for the rows below c: those go to the threads of the own rows at or past c, in order. n <= G * G
 // makes c <= G, so at most one own row (block, when block < c: `lead`) lies below c. Threads at or past n keep
-// their index (no row). A bijection on [0, KVC_WT_THREADS); the one division (32-bit) only in threads that hold
-// neither kind of row below c.
+// their index (no row). A bijection on [0, KVC_WT_THREADS); one 32-bit division, only in the threads from `block`
+// on that have a row and are not among the first c.
 __device__ __forceinline__ kvc_i64 kvc_wt_own_first_row(int t, kvc_i64 n, kvc_i64 blocks, kvc_i64 block, bool& own) {
     const kvc_i64 r = block + (kvc_i64)t * blocks;
     own = r < n;
