@@ -220,6 +220,16 @@ __device__ __forceinline__ kvc_i64 kvc_wt_own_first_row(int t, kvc_i64 n, kvc_i6
     return m + (lead && m >= block ? 1 : 0);
 }
 
+// KVC_WT_OWN_FIRST's layout of a one-row-per-thread tile of n rows, taken when n <= G * G (block-uniform; returns
+// whether it is): then `at` is the row thread t scans (kvc_wt_own_first_row) and `own` whether it is one of the
+// block's; else both are left as they are.
+__device__ __forceinline__ bool kvc_wt_own_first_layout(int t, kvc_i64 n, kvc_i64 blocks, kvc_i64 block, int& at,
+                                                        bool& own) {
+    if (n > blocks * blocks) return false;
+    at = (int)kvc_wt_own_first_row(t, n, blocks, block, own);
+    return true;
+}
+
 // A thread's row of a batch of at most KVC_WT_THREADS rows, loaded at the kernel's start (KVC_WT_EARLY_ROWS) for the
 // one-row scan: `at` its tile-local index, `own` (with own_first, KVC_WT_OWN_FIRST's layout) one of the block's own,
 // and its fields (0 where there is no row, as kvc_wt_rows leaves them).
@@ -236,8 +246,7 @@ __device__ __forceinline__ KvcWtEarlyRow kvc_wt_early_row(const KvcBatchParams& 
     e.at = tid;
     e.own_first = e.own = false;
 #if KVC_WT_OWN_FIRST
-    e.own_first = b.bs <= KVC_WT_THREADS && b.bs <= blocks * blocks;
-    if (e.own_first) e.at = (int)kvc_wt_own_first_row(tid, b.bs, blocks, block, e.own);
+    e.own_first = b.bs <= KVC_WT_THREADS && kvc_wt_own_first_layout(tid, b.bs, blocks, block, e.at, e.own);
 #endif
     e.rp = e.prefix = e.extend = 0;
     if (e.at < b.bs && b.bs <= KVC_WT_THREADS) {
@@ -300,13 +309,12 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     constexpr bool kEarly = KVC_WT_EARLY_ROWS && ITEMS == 1;
 #if KVC_WT_OWN_FIRST
     static_assert(KVC_WT_SPREAD, "KVC_WT_OWN_FIRST lays out the rows as KVC_WT_SPREAD does");
-    // The thread's row: its own index, or with one row per thread of n <= G * G rows (block-uniform) the block's own
-    // rows first (kvc_wt_own_first_row); own_row: it is one of the block's.
-    const kvc_i64 n_tile = kvc_min64((kvc_i64)items * KVC_WT_THREADS, b.bs - tile);
-    const bool own_first = kEarly ? early.own_first : ITEMS == 1 && n_tile <= blocks * blocks;
-    bool own_row = kEarly && early.own;
-    const int at = kEarly ? early.at
-                          : own_first ? (int)kvc_wt_own_first_row(tid, n_tile, blocks, block, own_row) : tid * items;
+    // The thread's row: its own index, or with one row per thread the own-first layout where it is taken
+    // (kvc_wt_own_first_layout); own_row: it is one of the block's.
+    bool own_first = kEarly && early.own_first, own_row = kEarly && early.own;
+    int at = kEarly ? early.at : tid * items;
+    if (!kEarly && ITEMS == 1)
+        own_first = kvc_wt_own_first_layout(tid, kvc_min64(KVC_WT_THREADS, b.bs - tile), blocks, block, at, own_row);
     __shared__ kvc_i64 s_len[KVC_WT_THREADS];  // own_first: the rows' write lengths, for a scan in row order
     const kvc_i64 first = tile + at;
 #else
