@@ -17,6 +17,7 @@ synchronize more than a GPU does); compute-sanitizer's racecheck on the GPU is t
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Iterator
 
@@ -189,6 +190,19 @@ def test_verify_table_emulated_many_rows(emu, vt_flat32, vt_steps, n_active, blo
 LEAD_ALWAYS = 1 << 20  # KVC_VT_LEAD_ENTRY: the most steps of a range with a lead; this many: every range here
 
 
+@contextlib.contextmanager
+def _switched_kernels(tmp_path, source_file: str, names: tuple[str, ...], values) -> Iterator[None]:
+    """Within the block the kernel source is a copy of ``kernels_cu/`` whose ``source_file`` has the int defines
+    ``names`` set to ``values`` (the source's own values aside)."""
+    def switched(text: str) -> str:
+        for name, value in zip(names, values, strict=True):
+            text = specs.set_int_define(text, name, value)
+        return text
+
+    with kernels_from(edited_copy(tmp_path / "kernels_cu", source_file, switched)):
+        yield
+
+
 @pytest.fixture(params=[(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, LEAD_ALWAYS, 0), (1, LEAD_ALWAYS, 0), (1, 0, 1),
                         (1, LEAD_ALWAYS, 1)],
                 ids=["rows-searched", "step-in-row", "step-in-row+lead-1-step", "lead", "step-in-row+lead",
@@ -198,13 +212,8 @@ def vt_steps(request, tmp_path) -> Iterator[tuple[int, int, int]]:
     parameter's three values (a copy; the source's own values aside): the ways a warp's step without real KV may
     take its rows, its first entry's predecessor and the rest of a step inside one row. ``lead-1-step``: the lead
     compiled in but taken only by ranges of one step, so most ranges here go without (an even ``per``)."""
-    def switched(text: str) -> str:
-        for name, value in zip(("KVC_VT_STEP_IN_ROW", "KVC_VT_LEAD_ENTRY", "KVC_VT_IN_ROW_SPLIT"), request.param):
-            text = specs.set_int_define(text, name, value)
-        return text
-
-    src = edited_copy(tmp_path / "kernels_cu", "verify_table.cu", switched)
-    with kernels_from(src):
+    with _switched_kernels(tmp_path, "verify_table.cu",
+                           ("KVC_VT_STEP_IN_ROW", "KVC_VT_LEAD_ENTRY", "KVC_VT_IN_ROW_SPLIT"), request.param):
         yield request.param
 
 
@@ -559,13 +568,7 @@ def wt_switches(request, tmp_path) -> Iterator[tuple[int, int]]:
     """``kernels_cu/`` with ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS`` set to the parameter's two values (a
     copy; the source's own values aside): the ways the one-row scan of a batch of up to 256 rows lays out and
     loads its rows."""
-    def switched(text: str) -> str:
-        for name, value in zip(("KVC_WT_OWN_FIRST", "KVC_WT_EARLY_ROWS"), request.param):
-            text = specs.set_int_define(text, name, value)
-        return text
-
-    src = edited_copy(tmp_path / "kernels_cu", "write_table.cu", switched)
-    with kernels_from(src):
+    with _switched_kernels(tmp_path, "write_table.cu", ("KVC_WT_OWN_FIRST", "KVC_WT_EARLY_ROWS"), request.param):
         yield request.param
 
 
@@ -590,8 +593,8 @@ def test_write_table_emulated_decode_one_row_scan(monkeypatch, wt_switches, sms,
 @pytest.mark.parametrize("sms, n_active, short", [(6, 30, 0), (6, 30, 90), (3, 4, 0)])
 def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, n_active, short):
     """Short, long, empty and one-token requests in a tile of one row per thread of n <= G * G rows, with and
-    without ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS``: the scan in row order after the own-first layout gives the same offsets, seeds
-    and records as the row-per-thread scan, and both request loops run. With token arrays 90 short, one-token rows
+    without ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS``: the scan in row order after the own-first layout gives
+    the same offsets, seeds and records as the row-per-thread scan, and both request loops run. With token arrays 90 short, one-token rows
     whose index is inside the arrays start past them (the first publish took them for written; after the scan the
     warp loop logs them)."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
