@@ -123,8 +123,8 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // no per-entry flags are kept or tested there: in the A NONE 32-bit module (nvcc 13.0) such a step without a
 // violation runs 245 instructions instead of 284, for 21 % more code (2,304 -> 2,792) and 54 registers instead of
 // 48; no module spills. Timed on an H200 (docs/BENCHMARKS.md, 2026-12-05 10:05 UTC): contiguous pools 2-4 % faster
-// in a graph, A shuffled 1-2 % slower (with the lead in every range too): off (bench/tune_geometry.py's sixth
-// number).
+// in a graph, A shuffled 1-2 % slower (with the lead in every range too); again on an H100 at 21:26 UTC, A shuffled
+// in turns with shipped: 19.10 and 18.90 us against 19.01 and 18.99: off (bench/tune_geometry.py's sixth number).
 #define KVC_VT_IN_ROW_SPLIT 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not

@@ -69,17 +69,18 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // Which warp writes short request r: 1: block r mod G, its warp (r / G) mod W (a decode batch spread over every
 // SM); 0: warp r mod (G * W) of the grid in block order (the first blocks' warps first).
 #define KVC_WT_SPREAD 1
-// 1: in a tile of one row per thread (a batch of up to KVC_WT_THREADS rows) of n <= G * G rows, the block's own rows
-// are scanned by its first threads (kvc_wt_own_first_row), so a decode batch's rows of a block are written, and
-// their stamps counted, by one warp (at A: one count atomic per block instead of two, 132 instead of 256 on one
-// address); 0: thread t scans row t. Needs KVC_WT_SPREAD. Not timed yet: off.
-#define KVC_WT_OWN_FIRST 0
-// 1: a batch of at most KVC_WT_THREADS rows has each thread's row (as kvc_wt_rows<1> takes it) loaded at the kernel's
-// start (kvc_wt_early_row), before the counter, the tile set-up and the branch to the one-row scan: in the A decode
-// module (nvcc 13.0) the row loads are then the kernel's 23rd-28th instructions instead of coming after about 90
-// (the set-up, and the batch's pointers read from the parameters only then); 106 registers instead of 94. Not
-// timed yet: off.
-#define KVC_WT_EARLY_ROWS 0
+// 1: in the row scan (kvc_wt_rows), the stamps of the one-token rows whose tokens were loaded at their offsets are
+// summed per warp before the barrier that publishes the rows, and when every row has one token thread c adds the
+// block's sum to context c's slot_run_counter right after it: one atomic per block and context, during the seed
+// reads, instead of one per stamping warp at the kernel's end (at A 132 same-address atomics instead of 256; cutting
+// every counter made the A decode write 0.13 us faster in a graph on an H100: bench/probe_write_parts.py). Not timed
+// yet: off.
+#define KVC_WT_BAR_COUNT 0
+// 1: the contexts' position flags are loaded by the threads that write a one-token row of the block's (and by the
+// rest only when their warp or block takes a request after the scan: kvc_wt_lazy_flags), instead of by every thread
+// of every block right after its row loads: at A 33,792 loads of one line per launch become 256 (with no flags loaded
+// at all the A decode write was 0.04 us faster in a graph on an H100: bench/probe_write_parts.py). Not timed yet: off.
+#define KVC_WT_LAZY_FLAGS 0
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -140,6 +141,9 @@ struct KvcWtSingle {
     kvc_u64 running[NC];  // the chain state the seed records give (kvc_wt_single_seed)
     kvc_i64 last_pos[NC];
     kvc_i64 slot, tok, pos, expected_tok, expected_pos;
+#if KVC_WT_BAR_COUNT
+    bool counted;  // its stamps are counted already (kvc_wt_rows, KVC_WT_BAR_COUNT)
+#endif
 };
 
 // The chain state of a one-token row from its seed records. kvc_wt_decode_rows computes it before the barrier that
@@ -170,6 +174,9 @@ __device__ __forceinline__ void kvc_wt_single_tokens(const KvcTokenParams& tk, k
 template <int NC, bool INPUT_ASSERT>
 __device__ __forceinline__ void kvc_wt_single_begin(const KvcTokenParams& tk, kvc_i64 guess, KvcWtSingle<NC>& one) {
     one.go = false;
+#if KVC_WT_BAR_COUNT
+    one.counted = false;
+#endif
     one.guess = guess;
     one.slot = kvc::NO_SLOT;
     one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
@@ -183,10 +190,25 @@ __device__ __forceinline__ kvc_i64 kvc_wt_row_seed(const KvcTableParams& t, kvc_
 
 // Each context's chain position flag (0 for the contexts past the launch's), loaded right after a tile's row loads;
 // compared only where used.
+// With KVC_WT_LAZY_FLAGS only where `want` (else -1: not loaded; kvc_wt_lazy_flags loads it when a request needs it).
 template <int NC, class Cx>
-__device__ __forceinline__ void kvc_wt_position_flags(const Cx& cx, int nctx, int (&position_flag)[NC]) {
+__device__ __forceinline__ void kvc_wt_position_flags(const Cx& cx, int nctx, int (&position_flag)[NC],
+                                                      bool want = true) {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
+    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? (want ? kvc_position_flag_load(cx.ctx(c)) : -1) : 0;
+}
+
+// KVC_WT_LAZY_FLAGS: the flags this thread has not loaded yet (-1), loaded, and position_assert set from them.
+template <int NC, class Cx>
+__device__ __forceinline__ void kvc_wt_lazy_flags(const Cx& cx, int nctx, int (&position_flag)[NC],
+                                                  bool (&position_assert)[NC]) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c < nctx && position_flag[c] < 0) {
+            position_flag[c] = kvc_position_flag_load(cx.ctx(c));
+            position_assert[c] = position_flag[c] != 0;
+        }
+    }
 }
 
 // The seed records of `one`'s row (one.seed set): loaded when the row has one token (`len`) and the seed is inside
@@ -201,62 +223,6 @@ __device__ __forceinline__ void kvc_wt_single_seed_load(const Cx& cx, int nctx, 
     }
 }
 
-// The tile-local row that thread t scans in a tile of one row per thread (KVC_WT_OWN_FIRST): of n <= G * G rows
-// (G = blocks), the block's c own rows block + j * G (j < c) go to threads j (own), every other row stays with its
-// own thread but for the rows below c: those go to the threads of the own rows at or past c, in order. n <= G * G
-// makes c <= G, so at most one own row (block, when block < c: `lead`) lies below c. Threads at or past n keep
-// their index (no row). A bijection on [0, KVC_WT_THREADS); one 32-bit division, only in the threads from `block`
-// on that have a row and are not among the first c.
-__device__ __forceinline__ kvc_i64 kvc_wt_own_first_row(int t, kvc_i64 n, kvc_i64 blocks, kvc_i64 block, bool& own) {
-    const kvc_i64 r = block + (kvc_i64)t * blocks;
-    own = r < n;
-    if (own) return r;
-    if (t < block || t >= n) return t;  // not an own row (t < block < G), or no row
-    const unsigned d = (unsigned)(t - block), g = (unsigned)blocks;
-    const unsigned j = d / g;
-    if (j * g != d) return t;  // not an own row
-    const bool lead = block + block * blocks < n;  // the own row `block` is below c (thread block's is own)
-    const kvc_i64 m = (kvc_i64)j - (lead ? 1 : 0);  // the m-th non-own row below c
-    return m + (lead && m >= block ? 1 : 0);
-}
-
-// KVC_WT_OWN_FIRST's layout of a one-row-per-thread tile of n rows, taken when n <= G * G (block-uniform; returns
-// whether it is): then `at` is the row thread t scans (kvc_wt_own_first_row) and `own` whether it is one of the
-// block's; else both are left as they are.
-__device__ __forceinline__ bool kvc_wt_own_first_layout(int t, kvc_i64 n, kvc_i64 blocks, kvc_i64 block, int& at,
-                                                        bool& own) {
-    if (n > blocks * blocks) return false;
-    at = (int)kvc_wt_own_first_row(t, n, blocks, block, own);
-    return true;
-}
-
-// A thread's row of a batch of at most KVC_WT_THREADS rows, loaded at the kernel's start (KVC_WT_EARLY_ROWS) for the
-// one-row scan: `at` its tile-local index, `own` (with own_first, KVC_WT_OWN_FIRST's layout) one of the block's own,
-// and its fields (0 where there is no row, as kvc_wt_rows leaves them).
-struct KvcWtEarlyRow {
-    int at;
-    bool own_first, own;
-    kvc_i64 rp, prefix, extend;
-};
-
-// The thread's row for kvc_wt_rows<1> (any batch: a larger one never reads it, and loads nothing here).
-__device__ __forceinline__ KvcWtEarlyRow kvc_wt_early_row(const KvcBatchParams& b, kvc_i64 blocks, kvc_i64 block) {
-    const int tid = (int)threadIdx.x;
-    KvcWtEarlyRow e;
-    e.at = tid;
-    e.own_first = e.own = false;
-#if KVC_WT_OWN_FIRST
-    e.own_first = b.bs <= KVC_WT_THREADS && kvc_wt_own_first_layout(tid, b.bs, blocks, block, e.at, e.own);
-#endif
-    e.rp = e.prefix = e.extend = 0;
-    if (e.at < b.bs && b.bs <= KVC_WT_THREADS) {
-        e.rp = b.req_pool_indices[e.at];
-        e.prefix = b.prefix_lens[e.at];
-        e.extend = b.extend_seq_lens[e.at];
-    }
-    return e;
-}
-
 // What a block learns from one tile of rows.
 struct KvcWtTile {
     kvc_i64 total;  // the tile's tokens
@@ -264,15 +230,15 @@ struct KvcWtTile {
     bool ones;      // every row has one token (a decode tile: only the warps of the block's own rows stamp)
 };
 
-// The thread's rows (tile-local indices at, at + 1, ...) into shared memory, from `run`, the tile-local token
-// offset of its first row: s_start gets each row's offset, s_seed its seed (kvc::kWtRowDone for the rows the warp
-// loop skips); row jm (the thread's first row of the block's own) becomes `one` (go: a one-token request this
-// thread writes).
+// Thread tid's rows into shared memory, from `run`, the tile-local token offset of its first row: s_start gets
+// each row's offset, s_seed its seed (kvc::kWtRowDone for the rows the warp loop skips); row jm (the thread's
+// first row of the block's own) becomes `one` (go: a one-token request this thread writes).
 template <int ITEMS, int NC, class Cx>
-__device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParams& tk, int at, kvc_i64 run,
-                                               kvc_i64 tok_carry, int items, const kvc_i64 (&len)[ITEMS],
-                                               const kvc_i64 (&seed)[ITEMS], int jm, kvc_i64 len_m, kvc_i64 seed_m,
-                                               kvc_i64* s_start, kvc_i64* s_seed, KvcWtSingle<NC>& one) {
+__device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParams& tk, kvc_i64 run, kvc_i64 tok_carry,
+                                               int items, const kvc_i64 (&len)[ITEMS], const kvc_i64 (&seed)[ITEMS],
+                                               int jm, kvc_i64 len_m, kvc_i64 seed_m, kvc_i64* s_start,
+                                               kvc_i64* s_seed, KvcWtSingle<NC>& one) {
+    const int tid = (int)threadIdx.x;
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         if (j >= items) break;
@@ -283,8 +249,8 @@ __device__ __forceinline__ void kvc_wt_publish(const Cx& cx, const KvcTokenParam
             one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
             done = len_m == 0 || one.go;
         }
-        s_start[at + j] = run;
-        s_seed[at + j] = done ? kvc::kWtRowDone : seed[j];
+        s_start[tid * items + j] = run;
+        s_seed[tid * items + j] = done ? kvc::kWtRowDone : seed[j];
         run += len[j];
     }
 }
@@ -302,27 +268,10 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
                                                  const KvcTokenParams& tk, kvc_i64 tile, int items, kvc_i64 tok_carry,
                                                  kvc_i64 blocks, kvc_i64 block, kvc_i64* s_start, kvc_i64* s_seed,
                                                  kvc_i64* scratch, kvc_i64& invalid, KvcWtSingle<NC>& one,
-                                                 int (&position_flag)[NC], const KvcWtEarlyRow& early) {
+                                                 int (&position_flag)[NC]) {
     const int tid = (int)threadIdx.x;
     const int nctx = cx.count();
-    // With KVC_WT_EARLY_ROWS the one-row scan takes its row as loaded at the kernel's start (one tile: tile 0).
-    constexpr bool kEarly = KVC_WT_EARLY_ROWS && ITEMS == 1;
-#if KVC_WT_OWN_FIRST
-    static_assert(KVC_WT_SPREAD, "KVC_WT_OWN_FIRST lays out the rows as KVC_WT_SPREAD does");
-    // The thread's row: its own index, or with one row per thread the own-first layout where it is taken
-    // (kvc_wt_own_first_layout); own_row: it is one of the block's.
-    bool own_first = kEarly && early.own_first, own_row = kEarly && early.own;
-    int at = kEarly ? early.at : tid * items;
-    if (!kEarly && ITEMS == 1)
-        own_first = kvc_wt_own_first_layout(tid, kvc_min64(KVC_WT_THREADS, b.bs - tile), blocks, block, at, own_row);
-    __shared__ kvc_i64 s_len[KVC_WT_THREADS];  // own_first: the rows' write lengths, for a scan in row order
-    const kvc_i64 first = tile + at;
-#else
-    [[maybe_unused]] constexpr bool own_first = false;  // (used with KVC_WT_SPREAD)
-    [[maybe_unused]] constexpr bool own_row = false;
-    const int at = tid * items;
     const kvc_i64 first = tile + (kvc_i64)tid * items;
-#endif
     // The row loads first: they start the critical path (rows -> table -> seed record). Then the contexts' position
     // flags, compared only where used (a flag compared here would hold every warp for a load latency before its
     // row loads were issued: Nsight Compute, H200).
@@ -330,17 +279,15 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         rp[j] = prefix[j] = extend[j] = 0;
-        if (kEarly) {
-            rp[j] = early.rp;
-            prefix[j] = early.prefix;
-            extend[j] = early.extend;
-        } else if (j < items && first + j < b.bs) {
+        if (j < items && first + j < b.bs) {
             rp[j] = b.req_pool_indices[first + j];
             prefix[j] = b.prefix_lens[first + j];
             extend[j] = b.extend_seq_lens[first + j];
         }
     }
+#if !KVC_WT_LAZY_FLAGS
     kvc_wt_position_flags<NC>(cx, nctx, position_flag);
+#endif
     bool mine[ITEMS];
     int jm = -1;  // the thread's first row of the block's own
 #if KVC_WT_SPREAD
@@ -348,14 +295,14 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     // count for the next ones (a decode batch's threads are on the critical path, and each division is a long
     // sequence of instructions).
     kvc_i64 by_block = first, q;
-    if (!own_first && first >= blocks) kvc_divmod(first, blocks, q, by_block);
+    if (first >= blocks) kvc_divmod(first, blocks, q, by_block);
 #endif
 #pragma unroll
     for (int j = 0; j < ITEMS; ++j) {
         mine[j] = false;
         if (j < items && first + j < b.bs) {
 #if KVC_WT_SPREAD
-            mine[j] = own_first ? own_row : by_block == block;
+            mine[j] = by_block == block;
             const bool by_warps = mine[j];
             by_block = by_block + 1 == blocks ? 0 : by_block + 1;
 #else
@@ -369,6 +316,9 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             if (jm < 0 && by_warps) jm = j;
         }
     }
+#if KVC_WT_LAZY_FLAGS
+    kvc_wt_position_flags<NC>(cx, nctx, position_flag, jm >= 0);  // the thread's one-token write needs them
+#endif
     kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, jm >= 0 && first + jm < tk.num_tokens ? first + jm : kvc::NO_SLOT, one);
     kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
     bool some_long = false, ones = true;  // ones: every row of the thread's has one token
@@ -405,32 +355,40 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     out.total = n_rows;
     out.any_long = false;
     out.ones = true;
-    kvc_wt_publish<ITEMS>(cx, tk, at, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
+    kvc_wt_publish<ITEMS>(cx, tk, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
                           s_seed, one);
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = n_rows;
-#if KVC_WT_OWN_FIRST
-    if (own_first) s_len[at] = sum;  // every index once (a bijection)
-#endif
-    if (__syncthreads_and(ones)) return out;
-    out.ones = false;
-#if KVC_WT_OWN_FIRST
-    if (own_first) {  // the scan in row order (thread t: row t), then the own rows' offsets from it
-        const kvc_i64 run = kvc_block_exclusive_sum(s_len[tid], scratch, out.total);
-        s_start[tid] = run;
-        if (tid == 0) s_start[KVC_WT_THREADS] = out.total;
-        __syncthreads();
-        if (jm == 0) {  // as kvc_wt_publish does (written out there: a call changed the SASS of the default build)
-            one.start = tok_carry + s_start[at];
-            one.go = len_m == 1 && one.start >= 0 && one.start < tk.num_tokens && seed_m < cx.ctx(0).num_slots;
-            s_seed[at] = len_m == 0 || one.go ? kvc::kWtRowDone : seed_m;
+#if KVC_WT_BAR_COUNT
+    // The warp's stamps of one-token rows whose tokens were loaded at their offsets, valid if every row has one token.
+    __shared__ unsigned s_wstamps[kvc::kWtWarps][NC];  // read by threads 0 .. nctx-1 before the next tile writes it
+    const bool at_guess = one.go && one.start == one.guess;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        if (c < nctx) {
+            const bool stamp = at_guess && one.slot >= 0 && one.slot < cx.ctx(c).slot_limit;
+            const unsigned n = (unsigned)__popc(__ballot_sync(kvc::kFullMask, stamp));
+            if ((tid & 31) == 0) s_wstamps[tid >> 5][c] = n;
         }
-    } else
-#endif
-    {
-        const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
-        kvc_wt_publish<ITEMS>(cx, tk, at, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
-        if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
     }
+    if (__syncthreads_and(ones)) {
+        if (tid < nctx) {
+            kvc_i64 sum = 0;
+#pragma unroll
+            for (int w = 0; w < kvc::kWtWarps; ++w) sum += s_wstamps[w][tid];
+#pragma unroll
+            for (int c = 0; c < NC; ++c)  // context c's parameters from a fixed offset, not a register index
+                if (c == tid && sum != 0) kvc_counter_add(cx.ctx(c).slot_run_counter, sum);
+        }
+        one.counted = at_guess;
+        return out;
+    }
+#else
+    if (__syncthreads_and(ones)) return out;
+#endif
+    out.ones = false;
+    const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
+    kvc_wt_publish<ITEMS>(cx, tk, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
+    if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = out.total;
     // The barrier that publishes the rows also tells whether any row may be long (a row of more than kWriteShort
     // tokens whose range turns out bad is not: the long loop checks each row).
     out.any_long = __syncthreads_or(some_long) != 0;
@@ -462,7 +420,7 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
         prefix = b.prefix_lens[tile + i];
         extend = b.extend_seq_lens[tile + i];
     }
-    kvc_wt_position_flags<NC>(cx, nctx, position_flag);
+    kvc_wt_position_flags<NC>(cx, nctx, position_flag, !KVC_WT_LAZY_FLAGS || own);
     kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, own && tok_carry + i < tk.num_tokens ? tok_carry + i : kvc::NO_SLOT,
                                           one);
     const bool active = own && kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
@@ -548,11 +506,6 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const int tid = (int)threadIdx.x, warp = tid >> 5;
     const int nctx = (int)p.num_contexts;
     const kvc_i64 blocks = gridDim.x, block = blockIdx.x;
-#if KVC_WT_EARLY_ROWS
-    const KvcWtEarlyRow early = kvc_wt_early_row(b, blocks, block);
-#else
-    const KvcWtEarlyRow early{};  // not read
-#endif
 #if KVC_WT_SPREAD
     const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = (kvc_i64)warp * blocks + block;
 #else
@@ -591,10 +544,10 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         if (!decode)
             rows = items == 1
                 ? kvc_wt_rows<1, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, 1, tok_carry, blocks, block, s_start,
-                                                            s_seed, scratch, invalid, one, position_flag, early)
+                                                            s_seed, scratch, invalid, one, position_flag)
                 : kvc_wt_rows<kvc::kWtRowItems, NC, KVC_INPUT_ASSERT != 0>(cx, t, b, tk, tile, items, tok_carry,
                                                                            blocks, block, s_start, s_seed, scratch,
-                                                                           invalid, one, position_flag, early);
+                                                                           invalid, one, position_flag);
         all_decode = all_decode && rows.ones;  // kvc_wt_decode_rows checked it (rows keeps its defaults)
         bool position_assert[NC];
 #pragma unroll
@@ -603,7 +556,16 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         const kvc_i64 tile_end = tile + kvc_min64(tile_rows, b.bs - tile);
         if (one.go) {
             if (!decode) kvc_wt_single_seed<NC>(nctx, one);
+#if KVC_WT_BAR_COUNT
+            kvc_i64 own[NC];  // the token's stamps, added to the warp's count unless counted already
+#pragma unroll
+            for (int c = 0; c < NC; ++c) own[c] = 0;
+            kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, own);
+#pragma unroll
+            for (int c = 0; c < NC; ++c) stamped[c] += one.counted ? 0 : own[c];
+#else
             kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, stamped);
+#endif
         }
 
         // Short, empty and bad requests: one warp each (the loop is warp-uniform).
@@ -612,6 +574,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
             if (s_seed[i] == kvc::kWtRowDone) continue;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (kvc_write_is_long(start, end, tk.num_tokens)) continue;
+#if KVC_WT_LAZY_FLAGS
+            kvc_wt_lazy_flags<NC>(cx, nctx, position_flag, position_assert);
+#endif
             kvc_write_warp_request<NC, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i], position_assert,
                                                                stamped);
         }
@@ -621,6 +586,9 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
             const kvc_i64 i = r - tile;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (!kvc_write_is_long(start, end, tk.num_tokens)) continue;
+#if KVC_WT_LAZY_FLAGS
+            kvc_wt_lazy_flags<NC>(cx, nctx, position_flag, position_assert);
+#endif
             kvc_write_block_request<NC, kvc::kWtTile, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i],
                                                                              position_assert, stamped, sm);
         }

@@ -526,7 +526,7 @@ def test_write_table_emulated_decode_inactive_one_token_rows(monkeypatch, sms, n
 
 
 def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_on, n_active, n_other,
-                             inactive_extend_one=False):
+                             inactive_extend_one=False, flag=1):
     """One decode batch, written through the emulated kernel and the reference (tokens full and short by 2)."""
     rng = rng_for("emu-write_table-decode", sms, n_contexts, int(mode), assert_on,
                   *(("inactive-ones",) if inactive_extend_one else ()))
@@ -536,7 +536,7 @@ def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_
     if inactive_extend_one:
         b.extend_seq_lens.fill_(1)
     cases = make_canary_cases(rng, b.num_slots, n_contexts, n_sources=0 if mode == Mode.NONE else 2, mode=mode,
-                              ring_capacity=_ring(b, n_contexts), stride=int(rng.choice([32, 40])), flag=1)
+                              ring_capacity=_ring(b, n_contexts), stride=int(rng.choice([32, 40])), flag=flag)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=0.2)
     rows = 0
@@ -562,47 +562,63 @@ def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_
     assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0 or inactive_extend_one) and b.bs == n_active + n_other
 
 
-@pytest.fixture(params=[(0, 0), (1, 0), (0, 1), (1, 1)],
-                ids=["row-per-thread", "own-first", "early-rows", "own-first+early-rows"])
+WT_SWITCHES = ("KVC_WT_BAR_COUNT", "KVC_WT_LAZY_FLAGS")
+
+
+@pytest.fixture(params=[(0, 0), (1, 0), (0, 1), (1, 1)], ids=["shipped", "bar-count", "lazy-flags", "both"])
 def wt_switches(request, tmp_path) -> Iterator[tuple[int, int]]:
-    """``kernels_cu/`` with ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS`` set to the parameter's two values (a
-    copy; the source's own values aside): the ways the one-row scan of a batch of up to 256 rows lays out and
-    loads its rows."""
-    with _switched_kernels(tmp_path, "write_table.cu", ("KVC_WT_OWN_FIRST", "KVC_WT_EARLY_ROWS"), request.param):
+    """``kernels_cu/`` with ``WT_SWITCHES`` set to the parameter's values (a copy; the source's own values aside): a
+    one-token row's stamp counted with the others at the kernel's end or summed per block at the barrier that
+    publishes the rows of the row scan; the position flags loaded by every thread, or by the writers of one-token
+    rows first and by the rest only when they take a request."""
+    with _switched_kernels(tmp_path, "write_table.cu", WT_SWITCHES, request.param):
         yield request.param
 
 
-@pytest.mark.parametrize("sms, n_active, n_other, inactive_extend_one, laid_out", [
-    (7, 49, 0, False, True), (7, 40, 9, False, True), (6, 20, 9, True, True), (3, 9, 0, False, True),
-    (3, 40, 9, False, False)])
+@pytest.mark.parametrize("sms, n_active, n_other, inactive_extend_one, flag", [
+    (7, 49, 0, False, 0), (7, 40, 9, False, 1), (6, 20, 9, True, 0), (3, 9, 0, False, 1), (3, 40, 9, False, 0)])
 def test_write_table_emulated_decode_one_row_scan(monkeypatch, wt_switches, sms, n_active, n_other,
-                                                  inactive_extend_one, laid_out):
-    """A batch of one row per thread over G blocks, under each setting of ``KVC_WT_OWN_FIRST`` and
-    ``KVC_WT_EARLY_ROWS`` (the rows loaded at the kernel's start). With ``KVC_WT_OWN_FIRST`` and n <= G * G rows a
-    block's own rows are scanned (and written) by its first threads and the rest keep their threads but for the
-    rows below the own count (kvc_wt_own_first_row). A decode batch of n = G * G rows (every row one token: the
-    offsets are the indices), one with padding and invalid rows (the check fails and the scan runs in row order
-    from the lengths the threads left in shared memory), inactive rows of extend 1, nine rows on three blocks, and
-    n > G * G (the switch compiled in, the layout not taken)."""
-    grid = grids.write_table_grid(sms).blocks
+                                                  inactive_extend_one, flag):
+    """A batch of one row per thread (at most 256 rows) over G blocks, under each setting of ``WT_SWITCHES``: a
+    decode batch (every row one token: the offsets are the indices, and with the switch the stamps are counted at
+    the barrier), one with padding and invalid rows (the barrier finds a row without one token, the scan runs and
+    nothing is counted early), inactive rows of extend 1, nine rows on three blocks; the chain position flags on
+    (1) or off (0), so a flag the writer of a one-token row did not load shows."""
     _write_table_decode_case(monkeypatch, sms, 2 if n_other else 1, Mode.NONE, 0, True, n_active, n_other,
-                             inactive_extend_one=inactive_extend_one)
-    assert (n_active + n_other <= grid * grid) == laid_out
+                             inactive_extend_one=inactive_extend_one, flag=flag)
+    assert n_active + n_other <= 256
 
 
 @pytest.mark.parametrize("sms, n_active, short", [(6, 30, 0), (6, 30, 90), (3, 4, 0)])
 def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, n_active, short):
-    """Short, long, empty and one-token requests in a tile of one row per thread of n <= G * G rows, with and
-    without ``KVC_WT_OWN_FIRST`` and ``KVC_WT_EARLY_ROWS``: the scan in row order after the own-first layout gives
-    the same offsets, seeds and records as the row-per-thread scan, and both request loops run. With token arrays 90 short, one-token rows
-    whose index is inside the arrays start past them (the first publish took them for written; after the scan the
-    warp loop logs them)."""
+    """Short, long, empty and one-token requests in a tile of one row per thread, under each setting of
+    ``WT_SWITCHES``: both request loops run (with lazy flags, their threads load the flags then). With token arrays 90 short, one-token rows whose index is inside
+    the arrays start past them (the first publish took them for written; after the scan the warp loop logs them)."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
         b, rows = _write_table_cycle(emu, rng_for("emu-write_table-own-first", sms, n_active, short),
                                      extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
                                      n_active=n_active, max_reqs=n_active + 4, short=short)
-    grid = grids.write_table_grid(sms).blocks
-    assert rows > 0 and b.bs <= grid * grid and int(b.extend_seq_lens.max()) == 33
+    assert rows > 0 and b.bs <= 256 and int(b.extend_seq_lens.max()) == 33
+
+
+@pytest.mark.parametrize("test, args", [
+    ("decode", (3, 2, Mode.PARTIAL, 7, True, 40, 9)), ("decode", (4, 2, Mode.PARTIAL, 0, True, 900, 0)),
+    ("decode", (4, 1, Mode.NONE, 0, True, 600, 9)), ("decode", (1, 5, Mode.ALL, 0, True, 40, 9)),
+    ("tiles", (3, 1100, (1,) * 1024 + (3, 1), 2)), ("tiles", (5, 1100, (3, 1) + (1,) * 1098, 0)),
+    ("tiles", (4, 1100, (1,) * 1024 + (3, 1), 2)), ("tiles", (1, 1100, (3, 1) + (1,) * 1098, 0))])
+@pytest.mark.parametrize("switch", WT_SWITCHES)
+def test_write_table_emulated_bar_count(monkeypatch, tmp_path, test, args, switch):
+    """With ``KVC_WT_BAR_COUNT`` the row scan's one-token stamps are summed per block at its barrier (one atomic per
+    block and context) and not counted again at the end: decode batches of the scan and of the check without it
+    (kvc_wt_decode_rows, which counts at the end), with padding and invalid rows, out-of-range and -1 slots, five
+    contexts, and two tiles (one of them mixed; after it the one-token tile's tokens are not at their rows'
+    indices, so they are counted at the end). The counters are compared byte for byte with the reference
+    (_compare). The same cases with ``KVC_WT_LAZY_FLAGS`` (the chain position flags set)."""
+    with _switched_kernels(tmp_path, "write_table.cu", (switch,), (1,)):
+        if test == "decode":
+            test_write_table_emulated_decode(monkeypatch, *args)
+        else:
+            test_write_table_emulated_one_token_tiles(monkeypatch, *args)
 
 
 # ------------------------------------------------------------------------------- the SGLang-named ops

@@ -370,3 +370,37 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     assert short == "#define KVC_WT_THREADS 128\n#define KVC_WT_SPREAD 1\n"
     with pytest.raises(ValueError, match="has 0 lines '#define KVC_WT_THREADS <int>'"):
         tg.variant_source("write_table", (256, 1, 4, 1, 1), "#define KVC_WT_THREAD 256\n")
+
+
+def test_probe_write_parts_variants_compile(nvrtc, tmp_path):
+    """Every default variant of bench/probe_write_parts.py (a device-only probe) finds each of its edits once in
+    today's write_table.cu and compiles (one context, no real KV), so the probe does not die on the device; its
+    variant parser refuses unknown cuts and cuts without the cut they need."""
+    import sys
+    from pathlib import Path
+
+    from support.kernel_source import edited_copy, kernels_from
+
+    bench = str(Path(__file__).resolve().parents[2] / "bench")
+    sys.path.insert(0, bench)
+    try:
+        import probe_write_parts as pw
+    finally:
+        sys.path.remove(bench)
+    variants = pw.parse(pw.DEFAULT)
+    assert set(c for v in variants for c in v) == set(pw.CUTS)  # the defaults use every cut
+    for cuts in variants:
+        dst = edited_copy(tmp_path / pw.label(cuts), pw.SOURCE, lambda text, c=cuts: pw.cut_source(text, c))
+        if cuts:
+            assert (dst / pw.SOURCE).read_text() != (kspecs.kernels_dir() / pw.SOURCE).read_text()
+        with kernels_from(dst):
+            spec = kspecs.spec_for("write_table", input_assert=False, has_real_kv=False, contexts=1)
+            opts = cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), "90") + list(REPORT_OPTIONS)
+            res = compile_nvrtc(nvrtc, spec.source(), pw.SOURCE, opts)
+        assert res.ok and res.cubin_bytes > 0, f"{pw.label(cuts)}\n{res.log}"
+    with pytest.raises(ValueError, match="unknown cut 'nope'"):
+        pw.parse("shipped,nope")
+    with pytest.raises(ValueError, match="cut 'barrier' needs 'loops'"):
+        pw.parse("counters+barrier")
+    with pytest.raises(ValueError, match="found 0 times"):
+        pw.cut_source("// no kernel here\n", ("flags",))
