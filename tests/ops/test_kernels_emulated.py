@@ -592,8 +592,9 @@ def test_write_table_emulated_decode_one_row_scan(monkeypatch, wt_switches, sms,
 @pytest.mark.parametrize("sms, n_active, short", [(6, 30, 0), (6, 30, 90), (3, 4, 0)])
 def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, n_active, short):
     """Short, long, empty and one-token requests in a tile of one row per thread, under each setting of
-    ``WT_SWITCHES``: both request loops run (with lazy flags, their threads load the flags then). With token arrays 90 short, one-token rows whose index is inside
-    the arrays start past them (the first publish took them for written; after the scan the warp loop logs them)."""
+    ``WT_SWITCHES``: both request loops run (with lazy flags, their threads load the flags then). With token arrays
+    90 short, one-token rows whose index is inside the arrays start past them (the first publish took them for
+    written; after the scan the warp loop logs them)."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
         b, rows = _write_table_cycle(emu, rng_for("emu-write_table-own-first", sms, n_active, short),
                                      extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
@@ -607,13 +608,13 @@ def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, 
     ("tiles", (3, 1100, (1,) * 1024 + (3, 1), 2)), ("tiles", (5, 1100, (3, 1) + (1,) * 1098, 0)),
     ("tiles", (4, 1100, (1,) * 1024 + (3, 1), 2)), ("tiles", (1, 1100, (3, 1) + (1,) * 1098, 0))])
 @pytest.mark.parametrize("switch", WT_SWITCHES)
-def test_write_table_emulated_bar_count(monkeypatch, tmp_path, test, args, switch):
-    """With ``KVC_WT_BAR_COUNT`` the row scan's one-token stamps are summed per block at its barrier (one atomic per
-    block and context) and not counted again at the end: decode batches of the scan and of the check without it
-    (kvc_wt_decode_rows, which counts at the end), with padding and invalid rows, out-of-range and -1 slots, five
-    contexts, and two tiles (one of them mixed; after it the one-token tile's tokens are not at their rows'
-    indices, so they are counted at the end). The counters are compared byte for byte with the reference
-    (_compare). The same cases with ``KVC_WT_LAZY_FLAGS`` (the chain position flags set)."""
+def test_write_table_emulated_switched_decode(monkeypatch, tmp_path, test, args, switch):
+    """Each of ``WT_SWITCHES`` on alone. With ``KVC_WT_BAR_COUNT`` the row scan's one-token stamps are summed per
+    block at its barrier (one atomic per block and context) and not counted again at the end: decode batches of the
+    scan and of the check without it (kvc_wt_decode_rows, which counts at the end), with padding and invalid rows,
+    out-of-range and -1 slots, five contexts, and two tiles (one of them mixed; after it the one-token tile's tokens
+    are not at their rows' indices, so they are counted at the end). The counters are compared byte for byte with
+    the reference (_compare). The same cases with ``KVC_WT_LAZY_FLAGS`` (the chain position flags set)."""
     with _switched_kernels(tmp_path, "write_table.cu", (switch,), (1,)):
         if test == "decode":
             test_write_table_emulated_decode(monkeypatch, *args)
