@@ -622,6 +622,33 @@ def test_write_table_emulated_switched_decode(monkeypatch, tmp_path, test, args,
             test_write_table_emulated_one_token_tiles(monkeypatch, *args)
 
 
+
+def test_write_table_emulated_bar_count_after_a_mixed_tile(monkeypatch, tmp_path):
+    """``KVC_WT_BAR_COUNT`` after a mixed tile, on one block: the next tile (376 rows, more than one per thread, so
+    the row scan rather than the check without it) has one token per row, but its tokens start two past their
+    rows' indices (the first row has three), so the tokens each thread loaded at its row's index are not its own. Such a row must not be counted at the barrier from those tokens (it is reloaded and counted at the end).
+    Every other pair of slots is -1, so a token two places on is never stamped alike: a count from the loaded tokens
+    would differ from the reference's."""
+    rng = rng_for("emu-write_table-bar-count-mixed-tile")
+    with _switched_kernels(tmp_path, "write_table.cu", ("KVC_WT_BAR_COUNT",), (1,)), \
+            emulated_cuda(monkeypatch, sms=1) as emu:
+        b = make_table_batch(rng, block_size=16, extend_cycle=(3, 1) + (1,) * 1398, max_blocks=4, pad_row=-1,
+                             n_active=1400, n_padding=0, n_invalid=0, max_reqs=1404, shuffle=False)
+        cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
+                                  stride=32, flag=1)
+        for c in cases:
+            stamp_batch(rng, c, b, corrupt=0.2)
+        tokens = make_write_tokens(rng, b, skip=0.0, out_of_range=0.0)
+        k = torch.arange(tokens.out_cache_loc.shape[0])
+        tokens.out_cache_loc[(k // 2) % 2 == 0] = -1
+        ref, got = _run(emu, kc.launch_canary_write_from_table,
+                        lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
+                                       **s[2].kwargs()), (b, cases, tokens))
+        _compare(ref[1], got[1])
+    ext = b.extend_seq_lens.numpy()
+    assert b.bs == 1400 and ext[0] == 3 and (ext[1:] == 1).all()
+    assert int(ref[1][0].log.slot_counter[0]) > int(cases[0].log.slot_counter[0])
+
 # ------------------------------------------------------------------------------- the SGLang-named ops
 
 
