@@ -626,9 +626,10 @@ def test_write_table_emulated_switched_decode(monkeypatch, tmp_path, test, args,
 def test_write_table_emulated_bar_count_after_a_mixed_tile(monkeypatch, tmp_path):
     """``KVC_WT_BAR_COUNT`` after a mixed tile, on one block: the next tile (376 rows, more than one per thread, so
     the row scan rather than the check without it) has one token per row, but its tokens start two past their
-    rows' indices (the first row has three), so the tokens each thread loaded at its row's index are not its own. Such a row must not be counted at the barrier from those tokens (it is reloaded and counted at the end).
-    Every other pair of slots is -1, so a token two places on is never stamped alike: a count from the loaded tokens
-    would differ from the reference's."""
+    rows' indices (the first row has three), so the tokens each thread loaded at its row's index are not its own.
+    Such a row must not be counted at the barrier from those tokens (it is reloaded and counted at the end). Every
+    other pair of slots is -1, so a token two places on is never stamped alike: a count from the loaded tokens would
+    differ from the reference's."""
     rng = rng_for("emu-write_table-bar-count-mixed-tile")
     with _switched_kernels(tmp_path, "write_table.cu", ("KVC_WT_BAR_COUNT",), (1,)), \
             emulated_cuda(monkeypatch, sms=1) as emu:
