@@ -23,8 +23,10 @@ wrong thing):
 
 The cut kernels are wrong on purpose (no counts, no checks), so nothing is checked: this is a probe of what each
 part costs, not a variant to ship. Only a decode batch whose every row has one token runs them safely, so only
-the decode shapes (A, B) are offered, with real-KV NONE. Each round times every variant (eager with the L2
-flushed, and per launch in a CUDA graph, after ``bench_cuda.Timer``'s settling graphs) and ``write_floor`` last.
+the decode shapes (A, B) are offered, with real-KV NONE; ``barrier`` and ``exit`` change only a batch of at most
+``KVC_WT_THREADS`` rows (A: the one-row scan; B takes the check without the scan, which they leave as it is). Each
+round times every variant (eager with the L2 flushed, and per launch in a CUDA graph, after ``bench_cuda.Timer``'s
+settling graphs) and ``write_floor`` last.
 """
 
 from __future__ import annotations
@@ -45,19 +47,16 @@ from kvcanary import RealKvHashMode
 from kvcanary.ops.cuda import specs
 
 SOURCE = "write_table.cu"
+_RUN_COUNTER = ("            if (c < nctx) kvc_counter_add(p.ctx[c].kernel_run_counter, 1);", "            ;")
+_STAMP_COUNTS = ("    if (all_decode)\n        kvc_write_count_stamps<NC, 0>(cx, stamped);\n    else\n"
+                 "        kvc_write_count_stamps<NC, KVC_WT_BLOCK_STAMPS ? kvc::kWtWarps : 0>(cx, stamped);",
+                 "    (void)all_decode;")
 CUTS: dict[str, list[tuple[str, str]]] = {
-    "counters": [
-        ("            if (c < nctx) kvc_counter_add(p.ctx[c].kernel_run_counter, 1);", "            ;"),
-        ("    if (all_decode)\n        kvc_write_count_stamps<NC, 0>(cx, stamped);\n    else\n"
-         "        kvc_write_count_stamps<NC, KVC_WT_BLOCK_STAMPS ? kvc::kWtWarps : 0>(cx, stamped);",
-         "    (void)all_decode;"),
-    ],
-    "run_counter": [("            if (c < nctx) kvc_counter_add(p.ctx[c].kernel_run_counter, 1);", "            ;")],
-    "stamp_counts": [
-        ("    if (all_decode)\n        kvc_write_count_stamps<NC, 0>(cx, stamped);\n    else\n"
-         "        kvc_write_count_stamps<NC, KVC_WT_BLOCK_STAMPS ? kvc::kWtWarps : 0>(cx, stamped);",
-         "    (void)all_decode;")],
-    # the decode path's count_stamps<NC, 0> with its warp sums but no atomic (a copy of write_core.cuh's, renamed)
+    "counters": [_RUN_COUNTER, _STAMP_COUNTS],
+    "run_counter": [_RUN_COUNTER],
+    "stamp_counts": [_STAMP_COUNTS],
+    # the decode path's kvc_write_count_stamps<NC, 0> replaced by a stand-in that keeps its warp sums (a redux per
+    # warp and context) but never issues the atomic
     "stamp_atomics": [("        kvc_write_count_stamps<NC, 0>(cx, stamped);\n",
                        "        kvc_probe_sum_stamps<NC>(cx, stamped);\n"),
                       ("extern \"C\" __global__ void __launch_bounds__",
