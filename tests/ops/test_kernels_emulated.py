@@ -596,7 +596,7 @@ def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, 
     90 short, one-token rows whose index is inside the arrays start past them (the first publish took them for
     written; after the scan the warp loop logs them)."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
-        b, rows = _write_table_cycle(emu, rng_for("emu-write_table-own-first", sms, n_active, short),
+        b, rows = _write_table_cycle(emu, rng_for("emu-write_table-one-row-scan", sms, n_active, short),
                                      extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
                                      n_active=n_active, max_reqs=n_active + 4, short=short)
     assert rows > 0 and b.bs <= 256 and int(b.extend_seq_lens.max()) == 33
