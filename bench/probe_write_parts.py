@@ -67,7 +67,7 @@ CUTS: dict[str, list[tuple[str, str]]] = {
                        "        if (c < cx.count() && (threadIdx.x & 31) == 0 && t == 0xFFFFFFFFu)\n"
                        "            kvc_counter_add(cx.ctx(c).slot_run_counter, 1);  // never: keeps the sum\n"
                        "    }\n}\n\nextern \"C\" __global__ void __launch_bounds__")],
-    "flags": [("position_flag[c] = c < nctx ? (want ? kvc_position_flag_load(cx.ctx(c)) : -1) : 0;",
+    "flags": [("position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;",
                "position_flag[c] = 0;")],
     "loops": [
         ("for (kvc_i64 r = kvc_first_congruent(tile, warps, gwarp); r < tile_end; r += warps) {",

@@ -14,15 +14,13 @@ per step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL
 not checked, ``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in three instructions too,
 ``KVC_VT_MUL3_ALL``; time it without ``--flat32``) and ``C`` (1: a step inside one row runs its own copy of the
 rest of the step, ``KVC_VT_IN_ROW_SPLIT``).
-``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxMxKxL`` sets ``T`` threads per block,
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxM`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
-``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first), ``M`` (1:
-splitmix64's multiplies in three instructions), ``K`` (1: the row scan's one-token stamps summed per block at
-its barrier) and ``L`` (1: the position flags loaded by the one-token writers, the rest only when needed)
-(``KVC_WT_THREADS``, ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``,
-``KVC_WT_MUL3``, ``KVC_WT_BAR_COUNT``, ``KVC_WT_LAZY_FLAGS``). A variant may give only the first numbers (``2x4``):
-the other defines keep the source's values. ``shipped`` is the source as it is. Each variant compiles a copy of
-``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so
+``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``M`` (1:
+splitmix64's multiplies in three instructions) (``KVC_WT_THREADS``, ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``,
+``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``, ``KVC_WT_MUL3``). A variant may give only
+the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each
+variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so
 a variant is what the library would run (the CPU suite compiles every default variant:
 tests/ops/test_nvrtc_compile.py). A variant may be named more than once
 (``--variants 2x4x1x0,2x4x1x4,2x4x1x0,2x4x1x4``): each timing gets its own row, so two variants can be timed in turns
@@ -69,10 +67,8 @@ KERNELS = {
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
-                     ("KVC_WT_SPREAD",), ("KVC_WT_MUL3",), ("KVC_WT_BAR_COUNT",),
-                     ("KVC_WT_LAZY_FLAGS",)],
-                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1,256x1x4x1x1x1,"
-                    "256x1x4x1x1x1x1,256x1x4x1x1x1x0x1,256x1x4x1x1x1x1x1", "write_table",
+                     ("KVC_WT_SPREAD",), ("KVC_WT_MUL3",)],
+                    "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1,256x1x4x1x1x1", "write_table",
                     lambda kv: dict(input_assert=False, has_real_kv=kv, contexts=1)),
 }
 _original: list[Path] = []

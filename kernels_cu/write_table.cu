@@ -69,18 +69,6 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // Which warp writes short request r: 1: block r mod G, its warp (r / G) mod W (a decode batch spread over every
 // SM); 0: warp r mod (G * W) of the grid in block order (the first blocks' warps first).
 #define KVC_WT_SPREAD 1
-// 1: in the row scan (kvc_wt_rows), the stamps of the one-token rows whose tokens were loaded at their offsets are
-// summed per warp before the barrier that publishes the rows, and when every row has one token thread c adds the
-// block's sum to context c's slot_run_counter right after it: one atomic per block and context, during the seed
-// reads, instead of one per stamping warp at the kernel's end (at A 132 same-address atomics instead of 256; cutting
-// every counter made the A decode write 0.13 us faster in a graph on an H100: bench/probe_write_parts.py). Not timed
-// yet: off.
-#define KVC_WT_BAR_COUNT 0
-// 1: the contexts' position flags are loaded by the threads that write a one-token row of the block's (and by the
-// rest only when their warp or block takes a request after the scan: kvc_wt_lazy_flags), instead of by every thread
-// of every block right after its row loads: at A 33,792 loads of one line per launch become 256 (with no flags loaded
-// at all the A decode write was 0.04 us faster in a graph on an H100: bench/probe_write_parts.py). Not timed yet: off.
-#define KVC_WT_LAZY_FLAGS 0
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -141,9 +129,6 @@ struct KvcWtSingle {
     kvc_u64 running[NC];  // the chain state the seed records give (kvc_wt_single_seed)
     kvc_i64 last_pos[NC];
     kvc_i64 slot, tok, pos, expected_tok, expected_pos;
-#if KVC_WT_BAR_COUNT
-    bool counted;  // its stamps are counted already (kvc_wt_rows, KVC_WT_BAR_COUNT)
-#endif
 };
 
 // The chain state of a one-token row from its seed records. kvc_wt_decode_rows computes it before the barrier that
@@ -174,9 +159,6 @@ __device__ __forceinline__ void kvc_wt_single_tokens(const KvcTokenParams& tk, k
 template <int NC, bool INPUT_ASSERT>
 __device__ __forceinline__ void kvc_wt_single_begin(const KvcTokenParams& tk, kvc_i64 guess, KvcWtSingle<NC>& one) {
     one.go = false;
-#if KVC_WT_BAR_COUNT
-    one.counted = false;
-#endif
     one.guess = guess;
     one.slot = kvc::NO_SLOT;
     one.tok = one.pos = one.expected_tok = one.expected_pos = 0;
@@ -190,25 +172,10 @@ __device__ __forceinline__ kvc_i64 kvc_wt_row_seed(const KvcTableParams& t, kvc_
 
 // Each context's chain position flag (0 for the contexts past the launch's), loaded right after a tile's row loads;
 // compared only where used.
-// With KVC_WT_LAZY_FLAGS only where `want` (else -1: not loaded; kvc_wt_lazy_flags loads it when a request needs it).
 template <int NC, class Cx>
-__device__ __forceinline__ void kvc_wt_position_flags(const Cx& cx, int nctx, int (&position_flag)[NC],
-                                                      bool want = true) {
+__device__ __forceinline__ void kvc_wt_position_flags(const Cx& cx, int nctx, int (&position_flag)[NC]) {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? (want ? kvc_position_flag_load(cx.ctx(c)) : -1) : 0;
-}
-
-// KVC_WT_LAZY_FLAGS: the flags this thread has not loaded yet (-1), loaded, and position_assert set from them.
-template <int NC, class Cx>
-__device__ __forceinline__ void kvc_wt_lazy_flags(const Cx& cx, int nctx, int (&position_flag)[NC],
-                                                  bool (&position_assert)[NC]) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        if (c < nctx && position_flag[c] < 0) {
-            position_flag[c] = kvc_position_flag_load(cx.ctx(c));
-            position_assert[c] = position_flag[c] != 0;
-        }
-    }
+    for (int c = 0; c < NC; ++c) position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;
 }
 
 // The seed records of `one`'s row (one.seed set): loaded when the row has one token (`len`) and the seed is inside
@@ -285,9 +252,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             extend[j] = b.extend_seq_lens[first + j];
         }
     }
-#if !KVC_WT_LAZY_FLAGS
     kvc_wt_position_flags<NC>(cx, nctx, position_flag);
-#endif
     bool mine[ITEMS];
     int jm = -1;  // the thread's first row of the block's own
 #if KVC_WT_SPREAD
@@ -316,9 +281,6 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
             if (jm < 0 && by_warps) jm = j;
         }
     }
-#if KVC_WT_LAZY_FLAGS
-    kvc_wt_position_flags<NC>(cx, nctx, position_flag, jm >= 0);  // the thread's one-token write needs them
-#endif
     kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, jm >= 0 && first + jm < tk.num_tokens ? first + jm : kvc::NO_SLOT, one);
     kvc_i64 len[ITEMS], seed[ITEMS], sum = 0;
     bool some_long = false, ones = true;  // ones: every row of the thread's has one token
@@ -358,33 +320,7 @@ __device__ __forceinline__ KvcWtTile kvc_wt_rows(const Cx& cx, const KvcTablePar
     kvc_wt_publish<ITEMS>(cx, tk, first - tile, tok_carry, items, len, seed, jm, len_m, seed_m, s_start,
                           s_seed, one);
     if (tid == 0) s_start[(kvc_i64)items * KVC_WT_THREADS] = n_rows;
-#if KVC_WT_BAR_COUNT
-    // The warp's stamps of one-token rows whose tokens were loaded at their offsets, valid if every row has one token.
-    __shared__ unsigned s_wstamps[kvc::kWtWarps][NC];  // read by threads 0 .. nctx-1 before the next tile writes it
-    const bool at_guess = one.go && one.start == one.guess;
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        if (c < nctx) {
-            const bool stamp = at_guess && one.slot >= 0 && one.slot < cx.ctx(c).slot_limit;
-            const unsigned n = (unsigned)__popc(__ballot_sync(kvc::kFullMask, stamp));
-            if ((tid & 31) == 0) s_wstamps[tid >> 5][c] = n;
-        }
-    }
-    if (__syncthreads_and(ones)) {
-        if (tid < nctx) {
-            kvc_i64 sum = 0;
-#pragma unroll
-            for (int w = 0; w < kvc::kWtWarps; ++w) sum += s_wstamps[w][tid];
-#pragma unroll
-            for (int c = 0; c < NC; ++c)  // context c's parameters from a fixed offset, not a register index
-                if (c == tid && sum != 0) kvc_counter_add(cx.ctx(c).slot_run_counter, sum);
-        }
-        one.counted = at_guess;
-        return out;
-    }
-#else
     if (__syncthreads_and(ones)) return out;
-#endif
     out.ones = false;
     const kvc_i64 run = kvc_block_exclusive_sum(sum, scratch, out.total);
     kvc_wt_publish<ITEMS>(cx, tk, run, tok_carry, items, len, seed, jm, len_m, seed_m, s_start, s_seed, one);
@@ -420,7 +356,7 @@ __device__ __forceinline__ bool kvc_wt_decode_rows(const Cx& cx, const KvcTableP
         prefix = b.prefix_lens[tile + i];
         extend = b.extend_seq_lens[tile + i];
     }
-    kvc_wt_position_flags<NC>(cx, nctx, position_flag, !KVC_WT_LAZY_FLAGS || own);
+    kvc_wt_position_flags<NC>(cx, nctx, position_flag);
     kvc_wt_single_begin<NC, INPUT_ASSERT>(tk, own && tok_carry + i < tk.num_tokens ? tok_carry + i : kvc::NO_SLOT,
                                           one);
     const bool active = own && kvc_row_active(rp, prefix, t.max_reqs, t.max_seq_len, t.pad_row);
@@ -556,16 +492,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
         const kvc_i64 tile_end = tile + kvc_min64(tile_rows, b.bs - tile);
         if (one.go) {
             if (!decode) kvc_wt_single_seed<NC>(nctx, one);
-#if KVC_WT_BAR_COUNT
-            kvc_i64 own[NC];  // the token's stamps, added to the warp's count unless counted already
-#pragma unroll
-            for (int c = 0; c < NC; ++c) own[c] = 0;
-            kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, own);
-#pragma unroll
-            for (int c = 0; c < NC; ++c) stamped[c] += one.counted ? 0 : own[c];
-#else
             kvc_wt_single<NC, KVC_INPUT_ASSERT != 0>(cx, tk, one, position_assert, stamped);
-#endif
         }
 
         // Short, empty and bad requests: one warp each (the loop is warp-uniform).
@@ -574,9 +501,6 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
             if (s_seed[i] == kvc::kWtRowDone) continue;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (kvc_write_is_long(start, end, tk.num_tokens)) continue;
-#if KVC_WT_LAZY_FLAGS
-            kvc_wt_lazy_flags<NC>(cx, nctx, position_flag, position_assert);
-#endif
             kvc_write_warp_request<NC, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i], position_assert,
                                                                stamped);
         }
@@ -586,9 +510,6 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
             const kvc_i64 i = r - tile;
             const kvc_i64 start = tok_carry + s_start[i], end = tok_carry + s_start[i + 1];
             if (!kvc_write_is_long(start, end, tk.num_tokens)) continue;
-#if KVC_WT_LAZY_FLAGS
-            kvc_wt_lazy_flags<NC>(cx, nctx, position_flag, position_assert);
-#endif
             kvc_write_block_request<NC, kvc::kWtTile, KVC_INPUT_ASSERT != 0>(cx, tk, start, end, s_seed[i],
                                                                              position_assert, stamped, sm);
         }

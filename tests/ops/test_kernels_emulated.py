@@ -562,39 +562,23 @@ def _write_table_decode_case(monkeypatch, sms, n_contexts, mode, window, assert_
     assert bool((b.extend_seq_lens == 1).all()) == (n_other == 0 or inactive_extend_one) and b.bs == n_active + n_other
 
 
-WT_SWITCHES = ("KVC_WT_BAR_COUNT", "KVC_WT_LAZY_FLAGS")
-
-
-@pytest.fixture(params=[(0, 0), (1, 0), (0, 1), (1, 1)], ids=["shipped", "bar-count", "lazy-flags", "both"])
-def wt_switches(request, tmp_path) -> Iterator[tuple[int, int]]:
-    """``kernels_cu/`` with ``WT_SWITCHES`` set to the parameter's values (a copy; the source's own values aside): a
-    one-token row's stamp counted with the others at the kernel's end or summed per block at the barrier that
-    publishes the rows of the row scan; the position flags loaded by every thread, or by the writers of one-token
-    rows first and by the rest only when they take a request."""
-    with _switched_kernels(tmp_path, "write_table.cu", WT_SWITCHES, request.param):
-        yield request.param
-
-
 @pytest.mark.parametrize("sms, n_active, n_other, inactive_extend_one, flag", [
     (7, 49, 0, False, 0), (7, 40, 9, False, 1), (6, 20, 9, True, 0), (3, 9, 0, False, 1), (3, 40, 9, False, 0)])
-def test_write_table_emulated_decode_one_row_scan(monkeypatch, wt_switches, sms, n_active, n_other,
-                                                  inactive_extend_one, flag):
-    """A batch of one row per thread (at most 256 rows) over G blocks, under each setting of ``WT_SWITCHES``: a
-    decode batch (every row one token: the offsets are the indices, and with the switch the stamps are counted at
-    the barrier), one with padding and invalid rows (the barrier finds a row without one token, the scan runs and
-    nothing is counted early), inactive rows of extend 1, nine rows on three blocks; the chain position flags on
-    (1) or off (0), so a flag the writer of a one-token row did not load shows."""
+def test_write_table_emulated_decode_one_row_scan(monkeypatch, sms, n_active, n_other, inactive_extend_one, flag):
+    """A batch of one row per thread (at most 256 rows: the row scan, kvc_wt_rows<1>) over G blocks: a decode
+    batch (every row one token: the barrier that publishes the rows finds it so, and their offsets are their
+    indices), one with padding and invalid rows (the barrier finds a row without one token and the block scan
+    runs), inactive rows of extend 1, nine rows on three blocks; the chain position flags on (1) and off (0)."""
     _write_table_decode_case(monkeypatch, sms, 2 if n_other else 1, Mode.NONE, 0, True, n_active, n_other,
                              inactive_extend_one=inactive_extend_one, flag=flag)
     assert n_active + n_other <= 256
 
 
 @pytest.mark.parametrize("sms, n_active, short", [(6, 30, 0), (6, 30, 90), (3, 4, 0)])
-def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, n_active, short):
-    """Short, long, empty and one-token requests in a tile of one row per thread, under each setting of
-    ``WT_SWITCHES``: both request loops run (with lazy flags, their threads load the flags then). With token arrays
-    90 short, one-token rows whose index is inside the arrays start past them (the first publish took them for
-    written; after the scan the warp loop logs them)."""
+def test_write_table_emulated_mixed_one_row_scan(monkeypatch, sms, n_active, short):
+    """Short, long, empty and one-token requests in a tile of one row per thread: both request loops run after the
+    row scan. With token arrays 90 short, one-token rows whose index is inside the arrays start past them (the first
+    publish took them for written; after the scan the warp loop logs them)."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
         b, rows = _write_table_cycle(emu, rng_for("emu-write_table-one-row-scan", sms, n_active, short),
                                      extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
@@ -602,37 +586,14 @@ def test_write_table_emulated_mixed_one_row_scan(monkeypatch, wt_switches, sms, 
     assert rows > 0 and b.bs <= 256 and int(b.extend_seq_lens.max()) == 33
 
 
-@pytest.mark.parametrize("test, args", [
-    ("decode", (3, 2, Mode.PARTIAL, 7, True, 40, 9)), ("decode", (4, 2, Mode.PARTIAL, 0, True, 900, 0)),
-    ("decode", (4, 1, Mode.NONE, 0, True, 600, 9)), ("decode", (1, 5, Mode.ALL, 0, True, 40, 9)),
-    ("tiles", (3, 1100, (1,) * 1024 + (3, 1), 2)), ("tiles", (5, 1100, (3, 1) + (1,) * 1098, 0)),
-    ("tiles", (4, 1100, (1,) * 1024 + (3, 1), 2)), ("tiles", (1, 1100, (3, 1) + (1,) * 1098, 0))])
-@pytest.mark.parametrize("switch", WT_SWITCHES)
-def test_write_table_emulated_switched_decode(monkeypatch, tmp_path, test, args, switch):
-    """Each of ``WT_SWITCHES`` on alone. With ``KVC_WT_BAR_COUNT`` the row scan's one-token stamps are summed per
-    block at its barrier (one atomic per block and context) and not counted again at the end: decode batches of the
-    scan and of the check without it (kvc_wt_decode_rows, which counts at the end), with padding and invalid rows,
-    out-of-range and -1 slots, five contexts, and two tiles (one of them mixed; after it the one-token tile's tokens
-    are not at their rows' indices, so they are counted at the end). The counters are compared byte for byte with
-    the reference (_compare). The same cases with ``KVC_WT_LAZY_FLAGS`` (the chain position flags set)."""
-    with _switched_kernels(tmp_path, "write_table.cu", (switch,), (1,)):
-        if test == "decode":
-            test_write_table_emulated_decode(monkeypatch, *args)
-        else:
-            test_write_table_emulated_one_token_tiles(monkeypatch, *args)
-
-
-
-def test_write_table_emulated_bar_count_after_a_mixed_tile(monkeypatch, tmp_path):
-    """``KVC_WT_BAR_COUNT`` after a mixed tile, on one block: the next tile (376 rows, more than one per thread, so
+def test_write_table_emulated_one_token_tile_after_a_mixed_tile(monkeypatch):
+    """A one-token tile after a mixed tile, on one block: the second tile (376 rows, more than one per thread, so
     the row scan rather than the check without it) has one token per row, but its tokens start two past their
-    rows' indices (the first row has three), so the tokens each thread loaded at its row's index are not its own.
-    Such a row must not be counted at the barrier from those tokens (it is reloaded and counted at the end). Every
-    other pair of slots is -1, so a token two places on is never stamped alike: a count from the loaded tokens would
-    differ from the reference's."""
-    rng = rng_for("emu-write_table-bar-count-mixed-tile")
-    with _switched_kernels(tmp_path, "write_table.cu", ("KVC_WT_BAR_COUNT",), (1,)), \
-            emulated_cuda(monkeypatch, sms=1) as emu:
+    rows' indices (the first row has three), so the tokens each thread loaded at its row's index (its guess) are not
+    its own and must be reloaded before the write (kvc_wt_single). Every other pair of slots is -1, so a token two
+    places on is never stamped alike: records or counts from the guessed tokens would differ from the reference's."""
+    rng = rng_for("emu-write_table-one-token-tile-after-mixed")
+    with emulated_cuda(monkeypatch, sms=1) as emu:
         b = make_table_batch(rng, block_size=16, extend_cycle=(3, 1) + (1,) * 1398, max_blocks=4, pad_row=-1,
                              n_active=1400, n_padding=0, n_invalid=0, max_reqs=1404, shuffle=False)
         cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
