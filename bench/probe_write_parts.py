@@ -11,7 +11,8 @@ A variant is ``shipped`` or cuts joined by ``+`` (``counters+loops+barrier``); e
 wrong thing):
 
 * ``counters``: no ``kernel_run_counter`` add and no stamped-slot counts (``run_counter`` and ``stamp_counts``:
-  each alone; ``stamp_atomics``: the decode path's per-warp stamp sums kept, their atomics not issued);
+  each alone; ``stamp_atomics``: the decode path's per-warp stamp sums kept, their atomics not issued;
+  ``lane_atomics``, not a cut: the decode path's stamps added by each stamping lane, with no warp sum first);
 * ``flags``: the contexts' position flags not loaded (0);
 * ``loops``: the short- and long-request loops after the row scan not entered (a decode batch's rows are all
   written by the threads that scanned them, so they have no work there);
@@ -67,6 +68,11 @@ CUTS: dict[str, list[tuple[str, str]]] = {
                        "        if (c < cx.count() && (threadIdx.x & 31) == 0 && t == 0xFFFFFFFFu)\n"
                        "            kvc_counter_add(cx.ctx(c).slot_run_counter, 1);  // never: keeps the sum\n"
                        "    }\n}\n\nextern \"C\" __global__ void __launch_bounds__")],
+    # not a cut: the decode path's stamps added by each stamping lane itself (the same sum, no warp sum first)
+    "lane_atomics": [("        kvc_write_count_stamps<NC, 0>(cx, stamped);\n",
+                      "#pragma unroll\n        for (int c = 0; c < NC; ++c)\n"
+                      "            if (c < nctx && stamped[c] != 0)\n"
+                      "                kvc_counter_add(cx.ctx(c).slot_run_counter, stamped[c]);\n")],
     "flags": [("position_flag[c] = c < nctx ? kvc_position_flag_load(cx.ctx(c)) : 0;",
                "position_flag[c] = 0;")],
     "loops": [
@@ -82,7 +88,7 @@ CUTS: dict[str, list[tuple[str, str]]] = {
     "nowrite": [("        if (one.go) {\n            if (!decode)", "        if (false) {\n            if (!decode)")],
 }
 NEEDS = {"barrier": "loops", "exit": "barrier"}
-DEFAULT = ("shipped,counters,run_counter,stamp_counts,stamp_atomics,flags,loops,counters+loops,"
+DEFAULT = ("shipped,counters,run_counter,stamp_counts,stamp_atomics,lane_atomics,flags,loops,counters+loops,"
            "counters+loops+barrier,counters+loops+barrier+flags,counters+loops+barrier+flags+exit,"
            "counters+loops+barrier+flags+exit+nowrite")
 
