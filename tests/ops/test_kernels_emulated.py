@@ -427,27 +427,31 @@ def test_write_table_emulated(emu, block_size, window, pad_row, n_contexts, mode
     assert emu.modules("write_table") == sorted({specs.contexts_spec(n) for n in per_launch})
 
 
-def _write_table_cycle(emu, rng, *, extend_cycle, flag, short=0, **batch):
+def _write_table_cycle(emu, rng, *, extend_cycle, flag, tokens=None, edit_tokens=None, **batch):
     """A one-buffer write (no real KV) of a batch whose active rows' extend lengths follow ``extend_cycle``, through
-    the emulated kernel and the reference (``short``: the token arrays that many short); returns the batch and the
-    violation rows compared."""
+    the emulated kernel and the reference (``tokens``: make_write_tokens's keyword arguments; ``edit_tokens``: called
+    with the tokens before the write); returns the batch, the violation rows compared and the slots the reference
+    stamped (its slot_run_counter's increase)."""
     b = make_table_batch(rng, block_size=16, extend_cycle=extend_cycle, **batch)
     cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
                               stride=32, flag=flag)
     for c in cases:
         stamp_batch(rng, c, b, corrupt=0.2)
-    tokens = make_write_tokens(rng, b, short=short)
+    new_tokens = make_write_tokens(rng, b, **(tokens or {}))
+    if edit_tokens is not None:
+        edit_tokens(new_tokens)
+    before = int(cases[0].log.slot_counter[0])
     ref, got = _run(emu, kc.launch_canary_write_from_table,
                     lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
-                                   **s[2].kwargs()), (b, cases, tokens))
-    return b, _compare(ref[1], got[1])
+                                   **s[2].kwargs()), (b, cases, new_tokens))
+    return b, _compare(ref[1], got[1]), int(ref[1][0].log.slot_counter[0]) - before
 
 
 def test_write_table_emulated_short_long_boundary(emu):
     """Requests of kWriteShort (32) tokens take the warp path and of 33 the block path; a tile whose only long
     requests have 33 tokens must still run the long-request loop."""
-    b, _ = _write_table_cycle(emu, rng_for("emu-write_table-boundary"), extend_cycle=(33, 32, 1), flag=0,
-                              max_blocks=8, pad_row=0, n_active=6, max_reqs=10)
+    b, _, _ = _write_table_cycle(emu, rng_for("emu-write_table-boundary"), extend_cycle=(33, 32, 1), flag=0,
+                                 max_blocks=8, pad_row=0, n_active=6, max_reqs=10)
     assert int(b.extend_seq_lens.max()) == 33
 
 
@@ -464,9 +468,10 @@ def test_write_table_emulated_one_token_tiles(monkeypatch, sms, n_active, extend
     one-token tile after a mixed one (its offsets start after the first tile's tokens), and a mixed tile, whose
     check fails, then the scan; with fewer blocks (1100 rows over 1 or 3) the scan's own one-token shortcut."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
-        b, rows = _write_table_cycle(emu, rng_for("emu-write_table-ones", n_active, len(extend_cycle)),
-                                     extend_cycle=extend_cycle, flag=1, max_blocks=4, pad_row=-1, n_active=n_active,
-                                     n_padding=0, n_invalid=n_invalid, max_reqs=n_active + 4, shuffle=False)
+        b, rows, _ = _write_table_cycle(emu, rng_for("emu-write_table-ones", n_active, len(extend_cycle)),
+                                        extend_cycle=extend_cycle, flag=1, max_blocks=4, pad_row=-1,
+                                        n_active=n_active, n_padding=0, n_invalid=n_invalid, max_reqs=n_active + 4,
+                                        shuffle=False)
     ext = b.extend_seq_lens.numpy()
     assert rows > 0 and b.bs == n_active + n_invalid
     if len(extend_cycle) > 1:  # two tiles of 1024 rows: exactly one of them all one-token rows
@@ -491,8 +496,9 @@ def test_write_table_emulated_many_rows(emu):
 def test_write_table_emulated_two_and_three_rows_per_thread(emu, n_active):
     """Batches of 257 .. 1024 rows: the row scan's multi-row code with 2 and 3 rows per thread (one tile), short
     and long requests mixed, so the tile runs both request loops."""
-    b, rows = _write_table_cycle(emu, rng_for("emu-write_table-items", n_active), extend_cycle=(1, 2, 33, 1, 0, 5),
-                                 flag=1, max_blocks=4, pad_row=-1, n_active=n_active, max_reqs=n_active + 4)
+    b, rows, _ = _write_table_cycle(emu, rng_for("emu-write_table-items", n_active),
+                                    extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
+                                    n_active=n_active, max_reqs=n_active + 4)
     assert rows > 0
     assert 256 < b.bs <= 1024 and int(b.extend_seq_lens.max()) == 33
 
@@ -580,9 +586,9 @@ def test_write_table_emulated_mixed_one_row_scan(monkeypatch, sms, n_active, sho
     row scan. With token arrays 90 short, one-token rows whose index is inside the arrays start past them (the first
     publish took them for written; after the scan the warp loop logs them)."""
     with emulated_cuda(monkeypatch, sms=sms) as emu:
-        b, rows = _write_table_cycle(emu, rng_for("emu-write_table-one-row-scan", sms, n_active, short),
-                                     extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
-                                     n_active=n_active, max_reqs=n_active + 4, short=short)
+        b, rows, _ = _write_table_cycle(emu, rng_for("emu-write_table-one-row-scan", sms, n_active, short),
+                                        extend_cycle=(1, 2, 33, 1, 0, 5), flag=1, max_blocks=4, pad_row=-1,
+                                        n_active=n_active, max_reqs=n_active + 4, tokens=dict(short=short))
     assert rows > 0 and b.bs <= 256 and int(b.extend_seq_lens.max()) == 33
 
 
@@ -592,24 +598,19 @@ def test_write_table_emulated_one_token_tile_after_a_mixed_tile(monkeypatch):
     rows' indices (the first row has three), so the tokens each thread loaded at its row's index (its guess) are not
     its own and must be reloaded before the write (kvc_wt_single). Every other pair of slots is -1, so a token two
     places on is never stamped alike: records or counts from the guessed tokens would differ from the reference's."""
-    rng = rng_for("emu-write_table-one-token-tile-after-mixed")
-    with emulated_cuda(monkeypatch, sms=1) as emu:
-        b = make_table_batch(rng, block_size=16, extend_cycle=(3, 1) + (1,) * 1398, max_blocks=4, pad_row=-1,
-                             n_active=1400, n_padding=0, n_invalid=0, max_reqs=1404, shuffle=False)
-        cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, ring_capacity=_ring(b),
-                                  stride=32, flag=1)
-        for c in cases:
-            stamp_batch(rng, c, b, corrupt=0.2)
-        tokens = make_write_tokens(rng, b, skip=0.0, out_of_range=0.0)
+    def every_other_pair_unstamped(tokens):
         k = torch.arange(tokens.out_cache_loc.shape[0])
         tokens.out_cache_loc[(k // 2) % 2 == 0] = -1
-        ref, got = _run(emu, kc.launch_canary_write_from_table,
-                        lambda s: dict(contexts=tuple(c.context() for c in s[1]), **s[0].write_kwargs(False),
-                                       **s[2].kwargs()), (b, cases, tokens))
-        _compare(ref[1], got[1])
+
+    with emulated_cuda(monkeypatch, sms=1) as emu:
+        b, _, stamped = _write_table_cycle(emu, rng_for("emu-write_table-one-token-tile-after-mixed"),
+                                           extend_cycle=(3, 1) + (1,) * 1398, flag=1, max_blocks=4, pad_row=-1,
+                                           n_active=1400, n_padding=0, n_invalid=0, max_reqs=1404, shuffle=False,
+                                           tokens=dict(skip=0.0, out_of_range=0.0),
+                                           edit_tokens=every_other_pair_unstamped)
     ext = b.extend_seq_lens.numpy()
     assert b.bs == 1400 and ext[0] == 3 and (ext[1:] == 1).all()
-    assert int(ref[1][0].log.slot_counter[0]) > int(cases[0].log.slot_counter[0])
+    assert stamped > 0
 
 # ------------------------------------------------------------------------------- the SGLang-named ops
 
