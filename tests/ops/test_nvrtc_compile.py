@@ -323,21 +323,27 @@ def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
         assert n == len(want) and seen == want
 
 
-def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
-    """Every default variant of bench/tune_geometry.py (a device-only sweep) sets each of its defines once and
-    compiles, one specialization each (no real KV, one context), so a sweep does not die on the device. Spills are
-    allowed (some variants cap the registers low; the sweep reports them), any other warning is not."""
+def _bench_module(name: str):
+    """Module ``name`` of bench/ (scripts, not a package: imported with bench/ on sys.path for the import only)."""
+    import importlib
     import sys
     from pathlib import Path
-
-    from support.kernel_source import edited_copy, kernels_from
 
     bench = str(Path(__file__).resolve().parents[2] / "bench")
     sys.path.insert(0, bench)
     try:
-        import tune_geometry as tg
+        return importlib.import_module(name)
     finally:
         sys.path.remove(bench)
+
+
+def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
+    """Every default variant of bench/tune_geometry.py (a device-only sweep) sets each of its defines once and
+    compiles, one specialization each (no real KV, one context), so a sweep does not die on the device. Spills are
+    allowed (some variants cap the registers low; the sweep reports them), any other warning is not."""
+    from support.kernel_source import edited_copy, kernels_from
+
+    tg = _bench_module("tune_geometry")
     compiled = 0
     for kernel, (source, _, defines, variants, _, flags) in tg.KERNELS.items():
         for values in tg.parse_variants(kernel, variants):
@@ -376,17 +382,9 @@ def test_probe_write_parts_variants_compile(nvrtc, tmp_path):
     """Every default variant of bench/probe_write_parts.py (a device-only probe) finds each of its edits once in
     today's write_table.cu and compiles (one context, no real KV), so the probe does not die on the device; its
     variant parser refuses unknown cuts and cuts without the cut they need."""
-    import sys
-    from pathlib import Path
-
     from support.kernel_source import edited_copy, kernels_from
 
-    bench = str(Path(__file__).resolve().parents[2] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        import probe_write_parts as pw
-    finally:
-        sys.path.remove(bench)
+    pw = _bench_module("probe_write_parts")
     variants = pw.parse(pw.DEFAULT)
     assert set(c for v in variants for c in v) == set(pw.CUTS)  # the defaults use every cut
     for cuts in variants:
