@@ -21,8 +21,8 @@
 # 6. hf         - bench/bench_transformers.py: generation throughput with and without the canary on HF
 #                 transformers' continuous batching (writes $OUT/bench_transformers.md)
 # 7. ncu        - Nsight Compute counters of the plan-free verify (B; A with the L2 warm, on the 64-bit and on the
-#                 32-bit modules) and of the decode writes (A; the plan-free one at B too), instructions executed
-#                 included (bench/profile_verify_table.py)
+#                 32-bit modules; on the 32-bit ones also its L2 hit rate and DRAM bytes) and of the decode writes
+#                 (A; the plan-free one at B too), instructions executed included (bench/profile_verify_table.py)
 # 8. timeline   - bench/timeline_verify_table.py: when each block and warp of the plan-free verify at A starts and
 #                 ends, per generation of an SM's blocks (writes $OUT/timeline.md; TIMELINE_ARGS, e.g. "--variant
 #                 2x4x1x1", T_TIMELINE)
@@ -274,9 +274,13 @@ if has_part ncu; then
             --launch-count 1 --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
             --section WarpStateStats --section LaunchStats "${INST[@]}" "$PY" bench/profile_verify_table.py --shape B
         rc=$?
-        # The verify at A with the L2 left warm (as in a graph replay).
+        # The verify at A with the L2 left warm (as in a graph replay), with how much of its reads the L2 kept from
+        # the launch before (its hit rate, the DRAM bytes and the L2 requests: one per entry's record, the second
+        # 16-byte load of a record being served by the L1; docs/BENCHMARKS.md, 2026-12-06).
+        L2M=(--metrics "smsp__inst_executed.sum,smsp__thread_inst_executed.sum,lts__t_sector_op_read_hit_rate.pct,\
+dram__bytes_read.sum,lts__t_requests_srcunit_tex_op_read.sum,l1tex__t_sector_hit_rate.pct")
         "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
-            --launch-count 1 --section SpeedOfLight --section WarpStateStats "${INST[@]}" \
+            --launch-count 1 --section SpeedOfLight --section WarpStateStats --section SchedulerStats "${L2M[@]}" \
             "$PY" bench/profile_verify_table.py --shape A >> "$OUT/ncu.log" 2>&1 || rc=1
         # The same on the verify's 64-bit modules only (kvcanary.ops.cuda.specs.FLAT32 off): instructions per entry.
         "$NCU" --clock-control none --cache-control none -k regex:kvc_verify_from_table --launch-skip 2 \
