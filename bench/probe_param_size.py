@@ -9,10 +9,11 @@ The plan-free kernels take one parameter struct of 624 bytes (verify and write: 
 the module's context count). This probe times kernels that differ only in their parameter size (64 to 3,200
 bytes; each reads one word per 13 and stores nothing), launched on a grid of one 256-thread block per SM,
 ``NODES`` of them captured back to back in one graph, as ``bench/bench_cuda.py``'s ``Timer.graph`` does, and
-prints the median microseconds per launch of each round. The kernels do almost nothing, so the time per launch is
-what the GPU's front end takes per launch: the upper bound of what a smaller struct could save a kernel that runs
-longer (whose next launch is prepared while it runs). docs/BENCHMARKS.md (2026-12-04 21:00-22:00 UTC) has the
-numbers and what trimming the struct did to the real kernels.
+prints the median microseconds per launch of each round. ``--spin N``: each kernel first spins N clock cycles (5000:
+about as long as the decode write), to tell a cost of the launch that the previous kernel's run would hide from
+one that it does not. docs/BENCHMARKS.md (2026-12-04 21:00-22:00 UTC, and 2026-12-06) has the numbers and what
+trimming the struct did to the real kernels: nothing. The slope per byte stays the same with spinning kernels, so it
+is most likely the probe kernels' own reads of their parameter words (one per 13), not the launch's copy.
 """
 
 from __future__ import annotations
@@ -27,8 +28,10 @@ NODES, REPS, ROUNDS = 200, 15, 3
 SRC = r"""
 template <int N> struct P { unsigned long long* out; long long w[N - 1]; };
 #define K(N)                                                                                   \
-    extern "C" __global__ void k##N(const __grid_constant__ P<N> p) {                          \
+    extern "C" __global__ void k##N(const __grid_constant__ P<N> p, long long spin) {          \
         long long s = 0;                                                                       \
+        const long long t0 = clock64();                                                        \
+        while (clock64() - t0 < spin) {}                                                       \
         if (threadIdx.x == 0)                                                                  \
             for (int i = 0; i < N - 1; i += 13) s += p.w[i];                                   \
         if (s == 12345 && threadIdx.x == 0) p.out[blockIdx.x] = s; /* never: keeps the reads */ \
@@ -38,7 +41,14 @@ K(8) K(39) K(78) K(160) K(400)
 
 
 def main() -> None:
+    import argparse
+
     import cupy as cp
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--spin", type=int, default=0,
+                    help="clock cycles each kernel spins before it reads its words (0: none, the front end alone)")
+    args = ap.parse_args()
 
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
     out = cp.zeros(1024, dtype=cp.uint64)
@@ -53,7 +63,7 @@ def main() -> None:
             with stream:
                 stream.begin_capture()
                 for _ in range(NODES):
-                    fn((grid,), (256,), (arg,))
+                    fn((grid,), (256,), (arg, np.int64(args.spin)))
                 graph = stream.end_capture()
                 graph.launch(stream)
                 stream.synchronize()
@@ -67,7 +77,8 @@ def main() -> None:
                     times.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3 / NODES)
             res[n].append(statistics.median(times))
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
-    print(f"{name}, {grid} blocks of 256 threads, {NODES} launches per graph, median of {REPS} replays")
+    print(f"{name}, {grid} blocks of 256 threads, {NODES} launches per graph, median of {REPS} replays, "
+          f"each kernel spinning {args.spin} cycles")
     print("| parameter bytes | µs per launch in a graph, per round |")
     print("|---|---|")
     for n in WORDS:
