@@ -18,6 +18,7 @@ is most likely the probe kernels' own reads of their parameter words (one per 13
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 import numpy as np
@@ -41,8 +42,6 @@ K(8) K(39) K(78) K(160) K(400)
 
 
 def main() -> None:
-    import argparse
-
     import cupy as cp
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
