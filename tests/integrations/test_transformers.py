@@ -284,16 +284,11 @@ def test_importing_kvcanary_does_not_import_transformers():
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-def test_benchmark_script_runs_on_a_small_model(tmp_path, monkeypatch):
+def test_benchmark_script_runs_on_a_small_model(tmp_path):
     """bench/bench_transformers.py is run on a GPU only by hand: keep it working (its --small CPU mode)."""
-    import importlib.util
-    from pathlib import Path
+    from support.bench_scripts import bench_module
 
-    path = Path(__file__).resolve().parents[2] / "bench" / "bench_transformers.py"
-    spec = importlib.util.spec_from_file_location("bench_transformers", path)
-    bench = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_transformers", bench)   # dataclasses look their module up
-    spec.loader.exec_module(bench)
+    bench = bench_module("bench_transformers")
     out = tmp_path / "bench.md"
     assert bench.main(["--small", "--batch-sizes", "1,2", "--out", str(out)]) == 0
     text = out.read_text()

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from support.bench_scripts import bench_module
+
 ARCHS = ("80", "90")
 
 # What CuPy 14.2 appends after the caller's options for RawModule(backend="nvrtc"), minus include paths
@@ -323,19 +325,6 @@ def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
         assert n == len(want) and seen == want
 
 
-def _bench_module(name: str):
-    """Module ``name`` of bench/ (scripts, not a package: imported with bench/ on sys.path for the import only)."""
-    import importlib
-    import sys
-    from pathlib import Path
-
-    bench = str(Path(__file__).resolve().parents[2] / "bench")
-    sys.path.insert(0, bench)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(bench)
-
 
 def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     """Every default variant of bench/tune_geometry.py (a device-only sweep) sets each of its defines once and
@@ -343,7 +332,7 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     allowed (some variants cap the registers low; the sweep reports them), any other warning is not."""
     from support.kernel_source import edited_copy, kernels_from
 
-    tg = _bench_module("tune_geometry")
+    tg = bench_module("tune_geometry")
     compiled = 0
     for kernel, (source, _, defines, variants, _, flags) in tg.KERNELS.items():
         for values in tg.parse_variants(kernel, variants):
@@ -384,7 +373,7 @@ def test_probe_write_parts_variants_compile(nvrtc, tmp_path):
     variant parser refuses unknown cuts and cuts without the cut they need."""
     from support.kernel_source import edited_copy, kernels_from
 
-    pw = _bench_module("probe_write_parts")
+    pw = bench_module("probe_write_parts")
     variants = pw.parse(pw.DEFAULT)
     assert set(c for v in variants for c in v) == set(pw.CUTS)  # the defaults use every cut
     for cuts in variants:

@@ -5,17 +5,11 @@ timing."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-try:
-    import bench_cuda as bc
-finally:
-    sys.path.remove(str(ROOT / "bench"))
+from support.bench_scripts import bench_module
+
+bc = bench_module("bench_cuda")
 
 
 def _cells(table: str, op: str) -> list[str]:

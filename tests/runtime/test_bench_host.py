@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.bench_scripts import bench_module
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -26,11 +28,7 @@ def test_bench_host_reports_head_and_tail_with_a_source_pair_per_layer():
 
 
 def test_the_bench_canary_folds_every_layer_at_tail():
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import bench_host
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
+    bench_host = bench_module("bench_host")
     import torch
 
     e = bench_host.Engine(torch.device("cpu"), swa=False, bs=2, prefix=8, layers=3)

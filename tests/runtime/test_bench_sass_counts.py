@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from kvcanary.ops.cuda import specs
+from support.bench_scripts import bench_module
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-try:
-    import sass_counts as sc
-finally:
-    sys.path.remove(str(ROOT / "bench"))
+sc = bench_module("sass_counts")
 
 # The shape of cuobjdump 13.2's output for a two-function module: each instruction line is followed by a line with
 # the second half of its encoding, and headers name the arch and the function.

@@ -4,19 +4,16 @@ and its per-generation analysis right (a block's generation is its rank by index
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support.bench_scripts import bench_module
+
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "bench"))
-try:
-    import timeline_verify_table as tl
-    import tune_geometry as tg
-finally:
-    sys.path.remove(str(ROOT / "bench"))
+tl = bench_module("timeline_verify_table")
+tg = bench_module("tune_geometry")
 
 
 def test_every_anchor_is_in_the_kernel_once_and_gets_its_store():
