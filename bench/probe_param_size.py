@@ -10,10 +10,11 @@ the module's context count). This probe times kernels that differ only in their 
 bytes; each reads one word per 13 and stores nothing), launched on a grid of one 256-thread block per SM,
 ``NODES`` of them captured back to back in one graph, as ``bench/bench_cuda.py``'s ``Timer.graph`` does, and
 prints the median microseconds per launch of each round. ``--spin N``: each kernel first spins N clock cycles (5000:
-about as long as the decode write), to tell a cost of the launch that the previous kernel's run would hide from
-one that it does not. docs/BENCHMARKS.md (2026-12-04 21:00-22:00 UTC, and 2026-12-06) has the numbers and what
-trimming the struct did to the real kernels: nothing. The slope per byte stays the same with spinning kernels, so it
-is most likely the probe kernels' own reads of their parameter words (one per 13), not the launch's copy.
+about as long as the decode write); ``--no-reads``: the kernels read none of their words, so only the launch's copy
+of the struct differs. docs/BENCHMARKS.md (2026-12-04 21:00-22:00 UTC, and 2026-12-06) has the numbers: the time per
+launch grows with the size only while the kernels read their words (one per 13); without the reads it is flat
+from 64 to 3,200 bytes (an H100, 2026-12-06), so a larger struct costs a launch nothing, and trimming the real
+kernels' struct gained nothing.
 """
 
 from __future__ import annotations
@@ -29,11 +30,11 @@ NODES, REPS, ROUNDS = 200, 15, 3
 SRC = r"""
 template <int N> struct P { unsigned long long* out; long long w[N - 1]; };
 #define K(N)                                                                                   \
-    extern "C" __global__ void k##N(const __grid_constant__ P<N> p, long long spin) {          \
+    extern "C" __global__ void k##N(const __grid_constant__ P<N> p, long long spin, int reads) { \
         long long s = 0;                                                                       \
         const long long t0 = clock64();                                                        \
         while (clock64() - t0 < spin) {}                                                       \
-        if (threadIdx.x == 0)                                                                  \
+        if (threadIdx.x == 0 && reads)                                                         \
             for (int i = 0; i < N - 1; i += 13) s += p.w[i];                                   \
         if (s == 12345 && threadIdx.x == 0) p.out[blockIdx.x] = s; /* never: keeps the reads */ \
     }
@@ -47,6 +48,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spin", type=int, default=0,
                     help="clock cycles each kernel spins before it reads its words (0: none, the front end alone)")
+    ap.add_argument("--no-reads", action="store_true",
+                    help="the kernels do not read their words (only the launch's copy of the struct is left)")
     args = ap.parse_args()
 
     mod = cp.RawModule(code=SRC, options=("-std=c++17",))
@@ -62,7 +65,7 @@ def main() -> None:
             with stream:
                 stream.begin_capture()
                 for _ in range(NODES):
-                    fn((grid,), (256,), (arg, np.int64(args.spin)))
+                    fn((grid,), (256,), (arg, np.int64(args.spin), np.int32(0 if args.no_reads else 1)))
                 graph = stream.end_capture()
                 graph.launch(stream)
                 stream.synchronize()
@@ -77,7 +80,7 @@ def main() -> None:
             res[n].append(statistics.median(times))
     name = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)["name"].decode()
     print(f"{name}, {grid} blocks of 256 threads, {NODES} launches per graph, median of {REPS} replays, "
-          f"each kernel spinning {args.spin} cycles")
+          f"each kernel spinning {args.spin} cycles" + (", reading none of its words" if args.no_reads else ""))
     print("| parameter bytes | µs per launch in a graph, per round |")
     print("|---|---|")
     for n in WORDS:
