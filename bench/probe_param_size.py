@@ -47,7 +47,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--spin", type=int, default=0,
-                    help="clock cycles each kernel spins before it reads its words (0: none, the front end alone)")
+                    help="clock cycles each kernel spins before it reads its words (0: none)")
     ap.add_argument("--no-reads", action="store_true",
                     help="the kernels do not read their words (only the launch's copy of the struct is left)")
     args = ap.parse_args()

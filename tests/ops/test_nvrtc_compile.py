@@ -325,7 +325,6 @@ def test_warmup_loads_every_spec_by_its_flags(monkeypatch):
         assert n == len(want) and seen == want
 
 
-
 def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     """Every default variant of bench/tune_geometry.py (a device-only sweep) sets each of its defines once and
     compiles, one specialization each (no real KV, one context), so a sweep does not die on the device. Spills are
