@@ -12,17 +12,18 @@ per step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL
 ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``), ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``),
 ``L`` (n > 0: a warp's range of at most n steps starts at its lead, the entry before it, loaded and hashed but
 not checked, ``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in three instructions too,
-``KVC_VT_MUL3_ALL``; time it without ``--flat32``) and ``C`` (1: a step inside one row runs its own copy of the
-rest of the step, ``KVC_VT_IN_ROW_SPLIT``).
-``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxM`` sets ``T`` threads per block,
+``KVC_VT_MUL3_ALL``; time it without ``--flat32``), ``C`` (1: a step inside one row runs its own copy of the
+rest of the step, ``KVC_VT_IN_ROW_SPLIT``) and ``D`` (1: programmatic dependent launch, ``KVC_VT_PDL``).
+``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxMxD`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
-``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first) and ``M`` (1:
-splitmix64's multiplies in three instructions) (``KVC_WT_THREADS``, ``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``,
-``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``, ``KVC_WT_MUL3``). A variant may give only
-the first numbers (``2x4``): the other defines keep the source's values. ``shipped`` is the source as it is. Each
-variant compiles a copy of ``kernels_cu/`` with those defines, and the launchers read the grid from the same copy, so
-a variant is what the library would run (the CPU suite compiles every default variant:
-tests/ops/test_nvrtc_compile.py). A variant may be named more than once
+``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first), ``M`` (1:
+splitmix64's multiplies in three instructions) and ``D`` (1: programmatic dependent launch) (``KVC_WT_THREADS``,
+``KVC_WT_BLOCKS_PER_SM``, ``KVC_WT_ROW_ITEMS``, ``KVC_WT_BLOCK_STAMPS``, ``KVC_WT_SPREAD``, ``KVC_WT_MUL3``,
+``KVC_WT_PDL``; kvcanary/ops/cuda/pdl.py reads ``D`` from the variant's source, so it launches the variant as
+compiled). A variant may give only the first numbers (``2x4``): the other defines keep the source's values.
+``shipped`` is the source as it is. Each variant compiles a copy of ``kernels_cu/`` with those defines, and the
+launchers read the grid from the same copy, so a variant is what the library would run (the CPU suite compiles
+every default variant: tests/ops/test_nvrtc_compile.py). A variant may be named more than once
 (``--variants 2x4x1x0,2x4x1x4,2x4x1x0,2x4x1x4``): each timing gets its own row, so two variants can be timed in turns
 against the drift of one process.
 ``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
@@ -61,13 +62,13 @@ KERNELS = {
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
                       ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",),
-                      ("KVC_VT_IN_ROW_SPLIT",)],
+                      ("KVC_VT_IN_ROW_SPLIT",), ("KVC_VT_PDL",)],
                      "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1,2x4x1x0x0x1", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
                     [("KVC_WT_THREADS",), ("KVC_WT_BLOCKS_PER_SM",), ("KVC_WT_ROW_ITEMS",), ("KVC_WT_BLOCK_STAMPS",),
-                     ("KVC_WT_SPREAD",), ("KVC_WT_MUL3",)],
+                     ("KVC_WT_SPREAD",), ("KVC_WT_MUL3",), ("KVC_WT_PDL",)],
                     "shipped,256x1x4x1x0,256x1x4x0x1,256x1x4x1x1,128x2x4x1x1,512x1x2x1x1,256x1x4x1x1x1", "write_table",
                     lambda kv: dict(input_assert=False, has_real_kv=kv, contexts=1)),
 }
@@ -127,8 +128,8 @@ def table_lines(kernel: str, variants: list[tuple[int, ...]], cols: list[tuple[s
     """The markdown table: one row per entry of ``variants`` (a variant named twice has two rows, from its two
     timings: ``eager``/``graph`` are keyed by (index in ``variants``, shape, layout, mode)), one column per case of
     ``cols``; registers and spill bytes from ``info`` ((variant, mode) -> (registers, spill bytes))."""
-    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all x in-row copy)" if kernel == "verify_table"
-            else "threads x blocks/SM x rows/thread x block stamps x spread (x mul3)")
+    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all x in-row copy x pdl)"
+            if kernel == "verify_table" else "threads x blocks/SM x rows/thread x block stamps x spread (x mul3 x pdl)")
     lines = [f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)
              + " |", "|" + "---|" * (3 + len(cols))]
 

@@ -198,6 +198,21 @@ KVC_HD int kvc_copy_status(int src_status, int dst_status) {
 // Device-only helpers.
 #ifdef __CUDACC__
 
+// Programmatic dependent launch (sm_90+; kvcanary/ops/cuda/pdl.py launches with the attribute): let the next kernel
+// of the stream be scheduled now (one launched with the attribute waits for this one itself before it touches
+// memory), then wait until the kernel before this one has finished and its writes are visible. First thing in a
+// kernel, before any global memory access. Nothing when `on` is false or below sm_90, and the two instructions do
+// nothing in a launch without the attribute.
+template <bool on>
+__device__ __forceinline__ void kvc_grid_dependency() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (on) {
+        asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
+#endif
+}
+
 namespace kvc {
 constexpr unsigned kFullMask = 0xffffffffu;  // every lane of a warp
 }  // namespace kvc

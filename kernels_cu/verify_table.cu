@@ -118,6 +118,11 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // A shuffled NONE 0.28-0.48 us faster in a graph in each of 10 interleaved pairs (15.35-15.87 -> 14.92-15.52), A
 // contiguous 0.8-4.4 % faster, B within 0.5 % (bench/tune_geometry.py's fourth number). No spills.
 #define KVC_VT_LEAD_ENTRY 4
+// 1: programmatic dependent launch (common.cuh, kvc_grid_dependency; kvcanary/ops/cuda/pdl.py launches the kernel
+// with the attribute only when this is 1): the launch overlaps the end of the kernel before it when that one allows
+// it (a KVCanary step's write or verify of another group). On an H100, A shuffled NONE in a graph of its own
+// launches 0.1-0.3 us faster; a K + V verify and the write after it 0.9-1.6 us.
+#define KVC_VT_PDL 1
 // 1: a step inside one row (KVC_VT_STEP_IN_ROW) runs its own copy of the rest of the step (slots, predecessors,
 // each context's checks), compiled knowing that every entry is real and takes its neighbour's predecessor, so that
 // no per-entry flags are kept or tested there: in the A NONE 32-bit module (nvcc 13.0) such a step without a
@@ -468,6 +473,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
     const KvcBatchParams& b = p.batch;
     const int nctx = (int)p.num_contexts;
     const int tid = (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    kvc_grid_dependency<KVC_VT_PDL != 0>();
     // With one tile of rows its scan gives the batch total; with more, a first walk over every row does.
     const bool one_tile = b.bs <= kvc::kVtTile;
     if (!one_tile) {

@@ -69,6 +69,10 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // Which warp writes short request r: 1: block r mod G, its warp (r / G) mod W (a decode batch spread over every
 // SM); 0: warp r mod (G * W) of the grid in block order (the first blocks' warps first).
 #define KVC_WT_SPREAD 1
+// 1: programmatic dependent launch (common.cuh, kvc_grid_dependency; kvcanary/ops/cuda/pdl.py launches the kernel
+// with the attribute only when this is 1). On an H100, A decode in a graph of its own launches 2.96-3.00 -> 2.45-2.47
+// us, B 3.48-3.52 -> 3.00-3.01 (the launch overlaps the end of the kernel before it: in a KVCanary step, the verify).
+#define KVC_WT_PDL 1
 
 namespace kvc {
 constexpr int kWtWarps = KVC_WT_THREADS / kWarpSize;
@@ -448,6 +452,7 @@ kvc_write_from_table(const __grid_constant__ KvcWriteTableParams p) {
     const kvc_i64 warps = blocks * kvc::kWtWarps, gwarp = block * kvc::kWtWarps + warp;
 #endif
 
+    kvc_grid_dependency<KVC_WT_PDL != 0>();
     if (block == 0 && tid == 0) {
 #pragma unroll
         for (int c = 0; c < NC; ++c)

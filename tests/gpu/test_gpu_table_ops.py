@@ -429,22 +429,31 @@ def test_sglang_ops_refuse_five_sources_on_gpu(cuda_ready):
 
 
 def test_driver_launch_and_cupy_function_launch_give_identical_results(cuda_ready, monkeypatch):
-    """Kernels are launched through CuPy's cuLaunchKernel binding with a reusable argument buffer; CuPy's
-    Function call is the fallback. Both must hand the kernel the same struct: same outputs, byte for byte (the
-    reference is checked in both runs, so a wrong argument in either path fails)."""
+    """Kernels are launched through CuPy's cuLaunchKernel binding with a reusable argument buffer (the plan-free
+    ones, on sm_90+, through cuLaunchKernelEx with programmatic dependent launch: kvcanary/ops/cuda/pdl.py); CuPy's
+    Function call is the fallback. Every path must hand the kernel the same struct: same outputs, byte for byte (the
+    reference is checked in every run, so a wrong argument in any path fails)."""
     from kvcanary.ops.cuda import launch as L
+    from kvcanary.ops.cuda import pdl
 
     assert L.launch_path() == "cuLaunchKernel", "this CuPy should have the driver binding"
     rng = rng_for("launch-paths")
     b, cases = setup(rng, block_size=16, window=9, pad_row=-1, n_contexts=2, n_sources=2, mode=Mode.PARTIAL)
     tokens = make_write_tokens(rng, b)
-    fast_v, rows_v = run_verify_table(b, cases, paged=True, rng=np.random.default_rng(1))
-    fast_w, rows_w = run_write_table(b, cases, tokens, paged=False, rng=np.random.default_rng(2))
-    monkeypatch.setattr(L, "_driver_launch", False)
-    assert L.launch_path() == "cupy Function"
-    slow_v, rows_v2 = run_verify_table(b, cases, paged=True, rng=np.random.default_rng(1))
-    slow_w, rows_w2 = run_write_table(b, cases, tokens, paged=False, rng=np.random.default_rng(2))
-    assert rows_v == rows_v2 > 0 and rows_w == rows_w2
-    for f, s in zip(fast_v + fast_w, slow_v + slow_w):
-        assert_same_bytes(f.canary, s.canary, "canary_buf")
-        compare_logs(to_device([f], "cpu")[0].log, to_device([s], "cpu")[0].log)
+    runs = []
+    for path in ("as shipped", "cuLaunchKernel", "cupy Function"):
+        if path == "cuLaunchKernel":
+            monkeypatch.setattr(pdl, "functions", set())
+        if path == "cupy Function":
+            monkeypatch.setattr(L, "_driver_launch", False)
+            assert L.launch_path() == "cupy Function"
+        v, rows_v = run_verify_table(b, cases, paged=True, rng=np.random.default_rng(1))
+        w, rows_w = run_write_table(b, cases, tokens, paged=False, rng=np.random.default_rng(2))
+        runs.append((v + w, rows_v, rows_w))
+    first, rows_v, rows_w = runs[0]
+    assert rows_v > 0
+    for other, rows_v2, rows_w2 in runs[1:]:
+        assert (rows_v2, rows_w2) == (rows_v, rows_w)
+        for f, s in zip(first, other):
+            assert_same_bytes(f.canary, s.canary, "canary_buf")
+            compare_logs(to_device([f], "cpu")[0].log, to_device([s], "cpu")[0].log)

@@ -198,7 +198,8 @@ def test_checker_reports_warnings_and_errors(nvrtc):
 # Every kvcanary specialization, for each arch
 # ---------------------------------------------------------------------------------------------------------
 
-from kvcanary.ops.cuda import specs as kspecs  # noqa: E402 - the part of the file that needs it
+from kvcanary.ops.cuda import pdl  # noqa: E402 - the part of the file that needs it
+from kvcanary.ops.cuda import specs as kspecs  # noqa: E402
 
 _ALL_SPECS = list(kspecs.all_specs())
 
@@ -258,6 +259,63 @@ def test_spec_compiles_clean(nvrtc, spec, arch):
         f"{spec.key} sm_{arch}: compiled entry functions {sorted(res.entries)} != spec entry_points "
         f"{sorted(spec.entry_points)}"
     )
+
+
+def compile_ptx(nvrtc, source: str, name: str, arch: str) -> str:
+    """``source`` compiled by NVRTC to PTX for compute_``arch`` (CuPy's options otherwise)."""
+    opts = [*kspecs.NVRTC_OPTIONS, *CUPY_OPTIONS_BEFORE_ARCH, f"-arch=compute_{arch}", *CUPY_OPTIONS_AFTER_ARCH]
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
+    try:
+        (rc,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name}: {rc}"
+        err, n = nvrtc.nvrtcGetPTXSize(prog)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetPTXSize: {err}"
+        buf = b" " * n
+        (err,) = nvrtc.nvrtcGetPTX(prog, buf)
+        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetPTX: {err}"
+        return buf.rstrip(b"\0 ").decode()
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+# A PTX instruction that touches memory other than the kernel's parameters, shared or local memory.
+_MEMORY_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?(?:ld|st|atom|red|cp\.async|prefetch)\.(?!param|shared|local)", re.M)
+
+
+def dependency_order(ptx: str, entry: str) -> tuple[int, int, int]:
+    """Offsets, in ``entry``'s body, of its first ``griddepcontrol.launch_dependents``, first
+    ``griddepcontrol.wait`` and first memory access (-1 where there is none)."""
+    start = ptx.index(f".entry {entry}(")
+    body = ptx[start:ptx.index("\n}\n", start)]
+    mem = _MEMORY_OP.search(body)
+    return (body.find("griddepcontrol.launch_dependents"), body.find("griddepcontrol.wait"),
+            mem.start() if mem else -1)
+
+
+@pytest.mark.parametrize("family", ["write_table", "verify_table"])
+def test_plan_free_kernels_wait_before_any_memory_access(nvrtc, family, tmp_path):
+    """kvcanary/ops/cuda/pdl.py launches these kernels to start before the kernel ahead of them has finished, so
+    on sm_90 each must let its dependents go and wait before its first global access (common.cuh,
+    kvc_grid_dependency); below sm_90 the instructions are not compiled in. Every specialization of the family."""
+    family_specs = [s for s in _ALL_SPECS if s.family == family]
+    for spec in family_specs:
+        (entry,) = spec.entry_points
+        go, wait, mem = dependency_order(compile_ptx(nvrtc, spec.source(), f"{family}.cu", "90"), entry)
+        assert 0 <= go < wait < mem, f"{spec.key}: launch_dependents at {go}, wait at {wait}, first access at {mem}"
+        assert "griddepcontrol" not in compile_ptx(nvrtc, spec.source(), f"{family}.cu", "80"), spec.key
+    # The check can fail: without the call, the kernel's first access has no wait before it.
+    from support.kernel_source import edited_copy, kernels_from
+
+    source, define = pdl.DEFINES[family]
+    call = f"kvc_grid_dependency<{define} != 0>();"
+    dst = edited_copy(tmp_path / "no_wait", source, lambda text: text.replace(call, "", 1))
+    with kernels_from(dst):
+        spec = family_specs[0]
+        src = kspecs.spec_for(family, **dict(zip(kspecs.family_flags(family), spec.flags))).source()
+        assert call not in src
+        go, wait, mem = dependency_order(compile_ptx(nvrtc, src, f"{family}.cu", "90"), spec.entry_points[0])
+        assert go == wait == -1 and mem > 0
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -356,10 +414,10 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     assert tg.parse_variants("write_table", "shipped, 256x1x4x1x0") == [(), (256, 1, 4, 1, 0)]
     assert tg.variant_source("write_table", (), "#define KVC_WT_THREADS 256\n") == "#define KVC_WT_THREADS 256\n"
     assert tg.parse_variants("verify_table", "2x4,2x4x0,2x4x1x1") == [(2, 4), (2, 4, 0), (2, 4, 1, 1)]
-    with pytest.raises(ValueError, match="more than 6 numbers"):
-        tg.parse_variants("verify_table", "2x4x1x1x1x1x1")
-    with pytest.raises(ValueError, match="more than 6 numbers"):
-        tg.parse_variants("write_table", "shipped,256x1x4x1x1x1x1")
+    with pytest.raises(ValueError, match="more than 7 numbers"):
+        tg.parse_variants("verify_table", "2x4x1x1x1x1x1x1")
+    with pytest.raises(ValueError, match="more than 7 numbers"):
+        tg.parse_variants("write_table", "shipped,256x1x4x1x1x1x1x1")
     short = tg.variant_source("write_table", (128,), "#define KVC_WT_THREADS 256\n#define KVC_WT_SPREAD 1\n")
     assert short == "#define KVC_WT_THREADS 128\n#define KVC_WT_SPREAD 1\n"
     with pytest.raises(ValueError, match="has 0 lines '#define KVC_WT_THREADS <int>'"):

@@ -5,7 +5,8 @@ buffer, log, counters, tag, real-KV sources, the slot limit) is packed once per 
 :class:`~kvcanary.ops.launches.ContextViews` (a frozen record: its addresses cannot change) and cached for as
 long as that record lives; the per-call part (batch arrays, plans) is packed on every call. A launch packs the words
 into this thread's reusable argument buffer and calls ``cuLaunchKernel`` through CuPy's driver binding with the
-kernel's handle and the raw stream handle (:func:`launch`; CuPy's ``Function.__call__`` is the fallback): no
+kernel's handle and the raw stream handle (:func:`launch`; CuPy's ``Function.__call__`` is the fallback), or, for the
+kernels :mod:`kvcanary.ops.cuda.pdl` registered, ``cuLaunchKernelEx`` with programmatic dependent launch: no
 per-launch NumPy array, argument tuple, CuPy stream or device context manager (the device is switched only when
 the current one differs). :func:`launch_prepared` launches a struct packed ahead of time
 (:mod:`kvcanary.ops.cuda.table_step`, the canary's hot path).
@@ -39,6 +40,7 @@ import numpy as np
 from kvcanary.consts import REAL_KV_LOAD_BYTES, RealKvHashMode
 from kvcanary.errors import RealKvSourcesNotPreparedError, invalid
 from kvcanary.ops.cuda import params as P
+from kvcanary.ops.cuda import pdl
 from kvcanary.ops.interop import ArrayView, Device, import_cupy, stream_handle
 from kvcanary.ops.launches import ContextViews, RealKvSourceView, TableViews
 
@@ -147,7 +149,9 @@ def launch_prepared(fn: Any, grid: int, block: int, buf: ArgBuffer, device_index
             return launch_prepared(fn, grid, block, buf, device_index, stream)
     drv_launch = _driver_launch if _driver_launch is not None else _launch_kernel_fn()
     fptr = getattr(fn, "ptr", None)
-    if drv_launch and fptr is not None:
+    if fptr in pdl.functions:
+        pdl.launch(fptr, grid, block, stream.ptr, buf.params_addr)
+    elif drv_launch and fptr is not None:
         drv_launch(fptr, grid, 1, 1, block, 1, 1, 0, stream.ptr, buf.params_addr, 0)
     else:
         fn((grid,), (block,), (P.kernel_arg(list(buf.words)),), 0, stream)

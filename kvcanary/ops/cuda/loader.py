@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 from kvcanary.errors import invalid
+from kvcanary.ops.cuda import pdl
 from kvcanary.ops.cuda.grids import sm_count
 from kvcanary.ops.cuda.specs import NVRTC_OPTIONS, KernelSpec, all_specs, family_flags, in_use, spec_for
 from kvcanary.ops.interop import import_cupy
@@ -65,6 +66,8 @@ def function(device_index: int, family: str, name: str, *flags: bool | int) -> A
             fn = getattr(k, "kernel", None)  # the cupy.cuda.function.Function of this device
         if fn is None:  # pragma: no cover - a CuPy without RawKernel.kernel: launch through the RawKernel
             fn = _RawKernelCall(k)
+        else:
+            pdl.register(fn.ptr, pdl.wanted(family, device_index))
         _functions[key] = fn
     return fn
 
