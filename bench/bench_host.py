@@ -244,6 +244,7 @@ def breakdown(e: Engine) -> list[tuple[str, float, str]]:
     from kvcanary.ops import validation
     from kvcanary.ops.cuda import launch as L
     from kvcanary.ops.cuda import params as P
+    from kvcanary.ops.cuda import pdl
     from kvcanary.ops.interop import Device, import_cupy
 
     dev = e.device
@@ -270,6 +271,9 @@ def breakdown(e: Engine) -> list[tuple[str, float, str]]:
          "2 per step (each after one pack_into of the batch's words)"),
         ("  of which: cuLaunchKernel itself (CuPy's driver binding)",
          _per_call_us(lambda: drv_launch(fn.ptr, 1, 1, 1, 32, 1, 1, 0, s.ptr, buf.params_addr, 0)), ""),
+        ("  or, for the plan-free kernels on sm_90+: cuLaunchKernelEx, programmatic dependent launch (pdl.launch)",
+         _per_call_us(lambda: pdl.launch(fn.ptr, 1, 32, s.ptr, buf.params_addr)),
+         "2 per step (instead of cuLaunchKernel) where the plan-free kernels take it"),
         ("pack the batch's words of a write (struct.pack_into)",
          _per_call_us(lambda: buf.packer.pack_into(buf.words, 0, *words)), "2 per step (fewer words each)"),
         ("raw stream handle (resolve_stream)", _per_call_us(lambda: L.resolve_stream(None, d)), "1 per step"),
@@ -322,28 +326,34 @@ class _TimedModule:
 
 def attribute(e: Engine, steps: int, chunk: int) -> list[tuple[str, float, str]]:
     """Real steps (the CUDA backend, HEAD and TAIL alternating), with every CUDA call a step makes timed where it is
-    made: ``cuLaunchKernel`` (the prepared launches) and each CUDA runtime call (the device check before a launch,
+    made: ``cuLaunchKernel`` or ``cuLaunchKernelEx`` (the prepared launches; the second, through ctypes, for the
+    kernels launched with programmatic dependent launch) and each CUDA runtime call (the device check before a launch,
     the status copy's event, wait, copy and query). Returns per step: the whole step, the time inside each of them
     (µs and calls), and the rest (Python), less the timing wrappers' own cost measured alone."""
     from kvcanary.ops.cuda import launch as L
+    from kvcanary.ops.cuda import pdl
 
     timers: dict[str, _Timed] = {}
     launch_t = _Timed(L._driver_launch or L._launch_kernel_fn())
+    launch_ex_t = _Timed(pdl.launch)
     cuda_copies = e.canary.collector._stager._cuda
-    saved = (L._driver_launch, L._rt, cuda_copies._rt)
+    saved = (L._driver_launch, L._rt, cuda_copies._rt, pdl.launch)
     L._driver_launch = launch_t
+    pdl.launch = launch_ex_t  # type: ignore[assignment]
     L._rt = _TimedModule(saved[1] or L._runtime(), timers)
     cuda_copies._rt = _TimedModule(saved[2], timers)
     try:
-        for t in [launch_t, *timers.values()]:
+        for t in [launch_t, launch_ex_t, *timers.values()]:
             t.calls = t.ns = 0
         host, _ = time_steps(e, steps, chunk)
         n = len(host)
         total = statistics.mean(host)
-        per = [("cuLaunchKernel (CuPy's driver binding)", launch_t.ns / 1e3 / n, launch_t.calls / n)]
+        per = [("cuLaunchKernel (CuPy's driver binding)", launch_t.ns / 1e3 / n, launch_t.calls / n),
+               ("cuLaunchKernelEx (ctypes; programmatic dependent launch)", launch_ex_t.ns / 1e3 / n,
+                launch_ex_t.calls / n)]
         per += [(f"cudaRuntime.{name}", t.ns / 1e3 / n, t.calls / n) for name, t in sorted(timers.items()) if t.calls]
     finally:
-        L._driver_launch, L._rt, cuda_copies._rt = saved
+        L._driver_launch, L._rt, cuda_copies._rt, pdl.launch = saved  # type: ignore[assignment]
     wrapped_calls = sum(c for _, _, c in per)
     noop = _Timed(lambda: None)
     wrapper_us = _per_call_us(noop) - _per_call_us(lambda: None)
