@@ -63,9 +63,9 @@ class LaunchConfig(ctypes.Structure):
                 ("num_attrs", ctypes.c_uint)]
 
 
-def enabled_by_env(environ: Any = None) -> bool:
+def enabled_by_env() -> bool:
     """Whether ``KVCANARY_PDL`` allows the attribute (anything but ``0``; default: on)."""
-    return (os.environ if environ is None else environ).get(ENV, "1").strip() != "0"
+    return os.environ.get(ENV, "1").strip() != "0"
 
 
 @cache
