@@ -32,8 +32,10 @@ The check is skipped only when the NVRTC library cannot be loaded at all (the re
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import pytest
@@ -130,25 +132,39 @@ def parse_log(log: str) -> CompileResult:
     return res
 
 
-def compile_nvrtc(nvrtc, source: str, name: str, options: list[str]) -> CompileResult:
-    """Compile ``source`` to a cubin with NVRTC; return the parsed program log."""
+@contextlib.contextmanager
+def nvrtc_program(nvrtc, source: str, name: str, options: list[str]) -> Iterator[tuple[object, object]]:
+    """``source`` compiled by NVRTC with ``options``: yields (the compile's result code, the program), destroyed
+    after the block."""
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
     assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
     try:
         (rc,) = nvrtc.nvrtcCompileProgram(prog, len(options), [o.encode() for o in options])
-        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetProgramLogSize: {err}"
-        buf = b" " * size
-        (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetProgramLog: {err}"
-        res = parse_log(buf.rstrip(b"\0 ").decode(errors="replace"))
+        yield rc, prog
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def program_text(nvrtc, prog, what: str) -> str:
+    """The program's log (``what`` = ``"ProgramLog"``) or PTX (``"PTX"``): ``nvrtcGet<what>Size``, then
+    ``nvrtcGet<what>``."""
+    err, size = getattr(nvrtc, f"nvrtcGet{what}Size")(prog)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGet{what}Size: {err}"
+    buf = b" " * size
+    (err,) = getattr(nvrtc, f"nvrtcGet{what}")(prog, buf)
+    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGet{what}: {err}"
+    return buf.rstrip(b"\0 ").decode(errors="replace")
+
+
+def compile_nvrtc(nvrtc, source: str, name: str, options: list[str]) -> CompileResult:
+    """Compile ``source`` to a cubin with NVRTC; return the parsed program log."""
+    with nvrtc_program(nvrtc, source, name, options) as (rc, prog):
+        res = parse_log(program_text(nvrtc, prog, "ProgramLog"))
         res.ok = rc == nvrtc.nvrtcResult.NVRTC_SUCCESS
         if res.ok:
             err, res.cubin_bytes = nvrtc.nvrtcGetCUBINSize(prog)
             assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetCUBINSize: {err}"
         return res
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -264,19 +280,9 @@ def test_spec_compiles_clean(nvrtc, spec, arch):
 def compile_ptx(nvrtc, source: str, name: str, arch: str) -> str:
     """``source`` compiled by NVRTC to PTX for compute_``arch`` (CuPy's options otherwise)."""
     opts = [*kspecs.NVRTC_OPTIONS, *CUPY_OPTIONS_BEFORE_ARCH, f"-arch=compute_{arch}", *CUPY_OPTIONS_AFTER_ARCH]
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), 0, [], [])
-    assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcCreateProgram: {err}"
-    try:
-        (rc,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name}: {rc}"
-        err, n = nvrtc.nvrtcGetPTXSize(prog)
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetPTXSize: {err}"
-        buf = b" " * n
-        (err,) = nvrtc.nvrtcGetPTX(prog, buf)
-        assert err == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"nvrtcGetPTX: {err}"
-        return buf.rstrip(b"\0 ").decode()
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    with nvrtc_program(nvrtc, source, name, opts) as (rc, prog):
+        assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name}: {rc}\n{program_text(nvrtc, prog, 'ProgramLog')}"
+        return program_text(nvrtc, prog, "PTX")
 
 
 # A PTX instruction that touches memory other than the kernel's parameters, shared or local memory.
