@@ -101,8 +101,7 @@ def _assert_like_reference(cpu: _Chain, gpu: _Chain, what: str) -> None:
     for k in range(2):
         assert_same_bytes(cpu.canary[k], gpu.canary[k], f"{what}: canary buffer {k}")
     assert_same_bytes(cpu.invalid, gpu.invalid, f"{what}: invalid_rows_out")
-    compare_logs(cpu.log, LogState(*(x.cpu() for x in (gpu.log.ring, gpu.log.index, gpu.log.slot_counter,
-                                                         gpu.log.kernel_counter))))
+    compare_logs(cpu.log, gpu.log.to("cpu"))
 
 
 def test_write_table_verify_table_chain_back_to_back_sees_each_write(cuda_ready, vt_flat32):

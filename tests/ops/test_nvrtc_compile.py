@@ -51,9 +51,10 @@ CUPY_OPTIONS_BEFORE_ARCH = ("-ftz=true",)
 CUPY_OPTIONS_AFTER_ARCH = ("--device-as-default-execution-space",)
 
 
-def cupy_nvrtc_options(nvrtc_options: tuple[str, ...], arch: str) -> list[str]:
-    """The option list CuPy gives NVRTC for ``RawModule(options=nvrtc_options)`` on an sm_``arch`` device."""
-    return [*nvrtc_options, *CUPY_OPTIONS_BEFORE_ARCH, f"-arch=sm_{arch}", *CUPY_OPTIONS_AFTER_ARCH]
+def cupy_nvrtc_options(nvrtc_options: tuple[str, ...], arch: str, target: str = "sm") -> list[str]:
+    """The option list CuPy gives NVRTC for ``RawModule(options=nvrtc_options)`` on an sm_``arch`` device
+    (``target="compute"``: the same options asking for PTX of compute_``arch`` instead of a cubin)."""
+    return [*nvrtc_options, *CUPY_OPTIONS_BEFORE_ARCH, f"-arch={target}_{arch}", *CUPY_OPTIONS_AFTER_ARCH]
 
 
 def _load_nvrtc():
@@ -292,7 +293,7 @@ def test_spec_compiles_clean(nvrtc, spec, arch):
 
 def compile_ptx(nvrtc, source: str, name: str, arch: str) -> str:
     """``source`` compiled by NVRTC to PTX for compute_``arch`` (CuPy's options otherwise)."""
-    opts = [*kspecs.NVRTC_OPTIONS, *CUPY_OPTIONS_BEFORE_ARCH, f"-arch=compute_{arch}", *CUPY_OPTIONS_AFTER_ARCH]
+    opts = cupy_nvrtc_options(tuple(kspecs.NVRTC_OPTIONS), arch, "compute")
     with nvrtc_program(nvrtc, source, name, opts) as (rc, prog):
         assert rc == nvrtc.nvrtcResult.NVRTC_SUCCESS, f"{name}: {rc}\n{program_text(nvrtc, prog, 'ProgramLog')}"
         return program_text(nvrtc, prog, "PTX")
