@@ -12,7 +12,7 @@ import torch
 import kvcanary as kc
 from kvcanary.consts import CanaryLaunchTag
 from kvcanary.ops.cuda import loader, pdl, specs
-from support.gpu_util import LogState, assert_same_bytes, compare_logs, context, rng_for, size
+from support.gpu_util import LogState, assert_same_bytes, compare_logs, context, rng_for, size, t
 
 _PLAN_FREE = ("write_table", "verify_table")
 
@@ -64,7 +64,7 @@ class _Chain:
         dev = torch.device(device)
 
         def on_dev(a: np.ndarray) -> torch.Tensor:
-            return torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)).to(dev)
+            return t(np.asarray(a, dtype=np.int64)).to(dev)
 
         self.r2t = torch.from_numpy(table).to(dev)
         self.rp = torch.arange(1, bs + 1, dtype=torch.int64, device=dev)

@@ -58,21 +58,21 @@ def cupy_nvrtc_options(nvrtc_options: tuple[str, ...], arch: str, target: str = 
 
 
 def _load_nvrtc():
-    """``(module, None)`` when NVRTC is usable here, else ``(None, reason)``."""
+    """``(module, (major, minor), None)`` when NVRTC is usable here, else ``(None, None, reason)``."""
     try:
         from cuda.bindings import nvrtc
     except ImportError as e:
-        return None, f"cuda-bindings is not installed: {e}"
+        return None, None, f"cuda-bindings is not installed: {e}"
     try:
-        err, _major, _minor = nvrtc.nvrtcVersion()
+        err, major, minor = nvrtc.nvrtcVersion()
     except Exception as e:  # libnvrtc.so.* not found or not loadable
-        return None, f"the NVRTC library cannot be loaded: {type(e).__name__}: {e}"
+        return None, None, f"the NVRTC library cannot be loaded: {type(e).__name__}: {e}"
     if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        return None, f"nvrtcVersion failed: {err}"
-    return nvrtc, None
+        return None, None, f"nvrtcVersion failed: {err}"
+    return nvrtc, (major, minor), None
 
 
-_NVRTC, _NVRTC_MISSING = _load_nvrtc()
+_NVRTC, _NVRTC_VERSION, _NVRTC_MISSING = _load_nvrtc()
 
 
 def _report_options() -> tuple[str, ...]:
@@ -81,7 +81,7 @@ def _report_options() -> tuple[str, ...]:
     has no report (seen on the device machine: no entry function in the log of a compile repeated across two
     processes): ``--no-cache``."""
     opts = ("--ptxas-options=-v", "--ptxas-options=--warn-on-spills")
-    if _NVRTC is not None and tuple(_NVRTC.nvrtcVersion()[1:]) >= (12, 9):
+    if _NVRTC_VERSION is not None and _NVRTC_VERSION >= (12, 9):
         opts += ("--no-cache",)
     return opts
 
