@@ -19,8 +19,8 @@ Printed per layout: the kernel's span (first block start to last block end, ``%g
 the block and warp times, and the block and warp times per generation: a block's rank by index among the blocks of
 its SM, the order the SM was given them in (with four blocks per SM, generation 3 is the fourth block an SM took;
 the first instructions of an SM's blocks run within a few hundred cycles of each other in any order, so their
-start cycles do not tell the order). The stores add a few registers and instructions: compare spans within one run
-of this script, not with ``bench_cuda.py``'s times.
+start cycles do not tell the order); and the blocks that end last, by index. The stores add a few registers and
+instructions: compare spans within one run of this script, not with ``bench_cuda.py``'s times.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from kvcanary import RealKvHashMode
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 MAX_BLOCKS = 4096
+LAST_BLOCKS = 8  # the report names this many of the blocks that end last
 MAX_WARPS = MAX_BLOCKS * 32
 _GLOBALS = f"""
 __device__ unsigned long long kvc_tl_block[{MAX_BLOCKS} * 8];
@@ -130,6 +131,11 @@ def report(blocks: np.ndarray, warps: np.ndarray, close: int, warps_per_block: i
            f"{close - t0} ns after the first start",
            "", "| what | p0 | p10 | p50 | p90 | max |", "|---|---|---|---|---|---|"]
     out += [f"| {name} | " + " | ".join(_pct(np.asarray(v))) + " |" for name, v in rows]
+    # The blocks that end last, by index: a block held back by one of its warps shows up here (e.g. a warp whose
+    # range straddles a tile boundary, which its block's other warps wait for at the tile's barriers).
+    last = np.argsort(blocks[:, 6])[::-1][:LAST_BLOCKS]
+    out += ["", "blocks that end last (index: end ns after the first start, duration cycles): " +
+            ", ".join(f"{int(i)}: {int(blocks[i, 6] - t0)}, {int(dur[i])}" for i in last)]
     return "\n".join(out)
 
 

@@ -68,6 +68,11 @@ def test_report_ranks_the_blocks_of_each_sm_by_index():
     assert _row(table, "warp's steps") == [3.0] * 5
     span = max(b[6] for b in blocks) - min(b[0] for b in blocks)
     assert re.search(rf"kernel span {span} ns", table)
+    # The blocks that end last, latest first, each with its end (ns after the first start) and duration (cycles).
+    t0 = min(b[0] for b in blocks)
+    order = sorted(range(len(blocks)), key=lambda i: -blocks[i][6])
+    listed = re.search(r"blocks that end last \(.*?\): (.*)$", table, re.M).group(1)
+    assert listed == ", ".join(f"{i}: {blocks[i][6] - t0}, {blocks[i][7] - blocks[i][1]}" for i in order)
 
 
 def test_tune_table_keeps_a_row_per_timing_of_a_variant_named_twice():
