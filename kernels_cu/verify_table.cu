@@ -112,11 +112,14 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // looked up after the step's own loads (the warp's first step took about 7,000 cycles against 4,400 for the later
 // ones: docs/BENCHMARKS.md, the timeline). Ranges then hold 64k - 1 entries, so a range and its lead fill k steps.
 // The value is the most steps a range and its lead may take (0: never a lead). A lead in every range made B 19 %
-// slower and B contiguous 43 % on an H200 (32 steps; not explained yet: the per-step code is the same length, but
-// the steps no longer start at multiples of 64 entries, as they did in B's 8192-entry rows), so only short ranges
-// take one. With 4 (A's ranges of four steps; B has none), on an H200 (docs/BENCHMARKS.md, 2026-12-05 16:08 UTC):
-// A shuffled NONE 0.28-0.48 us faster in a graph in each of 10 interleaved pairs (15.35-15.87 -> 14.92-15.52), A
-// contiguous 0.8-4.4 % faster, B within 0.5 % (bench/tune_geometry.py's fourth number). No spills.
+// slower and B contiguous 43 % on an H200 (32 steps), so only short ranges take one. Such a range's steps no longer
+// start at multiples of 64 entries, as they did in B's 8192-entry rows; Nsight Compute counts the same instructions
+// and the same L1, L2 and DRAM traffic either way (docs/BENCHMARKS.md, 2026-12-06 16:50 UTC). A likely cause, not
+// yet measured: a range that straddles a tile boundary (B: 4 tiles), whose block's other warps wait at the next
+// tile's barriers for its first part. With 4 (A's ranges of four steps; B has none), on an H200
+// (docs/BENCHMARKS.md, 2026-12-05 16:08 UTC): A shuffled NONE 0.28-0.48 us faster in a graph in each of 10
+// interleaved pairs (15.35-15.87 -> 14.92-15.52), A contiguous 0.8-4.4 % faster, B within 0.5 %
+// (bench/tune_geometry.py's fourth number). No spills.
 #define KVC_VT_LEAD_ENTRY 4
 // 1: programmatic dependent launch (common.cuh, kvc_grid_dependency; kvcanary/ops/cuda/pdl.py launches the kernel
 // with the attribute only when this is 1): the launch overlaps the end of the kernel before it when that one allows
