@@ -330,6 +330,7 @@ WRITE_FLOOR_THREADS = (32, 64, 128, 256)
 REAL_KV_ROW_BYTES = 256
 TOKEN_VOCAB = 32000
 FLUSH_BYTES = 256 << 20
+LAYOUTS = ("contiguous", "shuffled")  # the slot layouts a Case builds (see the module docstring)
 # Graphs captured (and dropped) before anything is timed. On an H100 and an H200 the graphs a process captures
 # first replay small kernels about 0.18 µs per launch faster than those it captures once about 40 launches have
 # been captured (two graphs of 20, or one of the plan op's 60), and the first ones slow down too once the later ones
@@ -926,8 +927,8 @@ def main(argv=None) -> int:
     modes = [RealKvHashMode[m.strip().upper()] for m in args.modes.split(",")]
     layouts = [x.strip().lower() for x in args.layouts.split(",")]
     for x in layouts:
-        if x not in ("contiguous", "shuffled"):
-            ap.error(f"--layouts: unknown layout {x!r} (contiguous, shuffled)")
+        if x not in LAYOUTS:
+            ap.error(f"--layouts: unknown layout {x!r} ({', '.join(LAYOUTS)})")
     wanted_ops = [o.strip() for o in args.ops.split(",")]
     for o in wanted_ops:
         if o not in ALL_OPS:

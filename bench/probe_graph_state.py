@@ -39,7 +39,7 @@ REPS, RUNS = 20, 30
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="A", choices=sorted(k for k, v in B.SHAPES.items() if v["extend"] == 1))
-    ap.add_argument("--layout", default="shuffled", choices=("contiguous", "shuffled"))
+    ap.add_argument("--layout", default="shuffled", choices=B.LAYOUTS)
     ap.add_argument("--seed", type=int, default=20240601)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

@@ -126,7 +126,7 @@ def label(cuts: tuple[str, ...]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="A", choices=sorted(k for k, v in B.SHAPES.items() if v["extend"] == 1))
-    ap.add_argument("--layout", default="shuffled", choices=("contiguous", "shuffled"))
+    ap.add_argument("--layout", default="shuffled", choices=B.LAYOUTS)
     ap.add_argument("--variants", default=DEFAULT)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--runs", type=int, default=30)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cuda import Case
+from bench_cuda import LAYOUTS, Case
 
 from kvcanary import RealKvHashMode
 
@@ -34,7 +34,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="B")
     ap.add_argument("--op", default="verify_table", choices=("verify_table", "verify_table_64", "write_table", "write"))
-    ap.add_argument("--layout", default="shuffled", choices=("shuffled", "contiguous"))
+    ap.add_argument("--layout", default="shuffled", choices=LAYOUTS)
     args = ap.parse_args()
     dev = torch.device("cuda", 0)
     case = Case(args.shape, RealKvHashMode.NONE, args.layout, dev, seed=0)

@@ -103,7 +103,8 @@ def report(blocks: np.ndarray, warps: np.ndarray, close: int, warps_per_block: i
     ``close``: the globaltimer when block 0 ended its closing walk)."""
     gt0, clk0, sm = blocks[:, 0], blocks[:, 1], blocks[:, 2]
     t0 = gt0.min()
-    span = blocks[:, 6].max() - t0
+    end = blocks[:, 6] - t0  # ns after the first start
+    span = end.max()
     dur = blocks[:, 7] - clk0
     wclk0 = np.repeat(clk0, warps_per_block)
     busy = warps[:, 3] > 0
@@ -113,7 +114,7 @@ def report(blocks: np.ndarray, warps: np.ndarray, close: int, warps_per_block: i
         gen[idx] = np.arange(len(idx))
     rows = [
         ("block start (ns after the first)", gt0 - t0),
-        ("block end (ns after the first start)", blocks[:, 6] - t0),
+        ("block end (ns after the first start)", end),
         ("block duration (cycles)", dur),
         ("rows loaded (cycles after block start)", blocks[:, 3] - clk0),
         ("rows scanned (cycles)", blocks[:, 4] - clk0),
@@ -133,9 +134,9 @@ def report(blocks: np.ndarray, warps: np.ndarray, close: int, warps_per_block: i
     out += [f"| {name} | " + " | ".join(_pct(np.asarray(v))) + " |" for name, v in rows]
     # The blocks that end last, by index: a block held back by one of its warps shows up here (e.g. a warp whose
     # range straddles a tile boundary, which its block's other warps wait for at the tile's barriers).
-    last = np.argsort(blocks[:, 6])[::-1][:LAST_BLOCKS]
+    last = np.argsort(end)[::-1][:LAST_BLOCKS]
     out += ["", "blocks that end last (index: end ns after the first start, duration cycles): " +
-            ", ".join(f"{int(i)}: {int(blocks[i, 6] - t0)}, {int(dur[i])}" for i in last)]
+            ", ".join(f"{int(i)}: {int(end[i])}, {int(dur[i])}" for i in last)]
     return "\n".join(out)
 
 
