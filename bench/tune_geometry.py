@@ -7,13 +7,15 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxMxC`` sets ``U`` entries per thread
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxMxCxDxR`` sets ``U`` entries per thread
 per step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``,
 ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``), ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``),
 ``L`` (n > 0: a warp's range of at most n steps starts at its lead, the entry before it, loaded and hashed but
 not checked, ``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in three instructions too,
 ``KVC_VT_MUL3_ALL``; time it without ``--flat32``), ``C`` (1: a step inside one row runs its own copy of the
-rest of the step, ``KVC_VT_IN_ROW_SPLIT``) and ``D`` (1: programmatic dependent launch, ``KVC_VT_PDL``).
+rest of the step, ``KVC_VT_IN_ROW_SPLIT``), ``D`` (1: programmatic dependent launch, ``KVC_VT_PDL``) and ``R``
+(1: a block whose range straddles a tile boundary walks its next tile from the row of its first entry,
+``KVC_VT_REBASE``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxMxD`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first), ``M`` (1:
@@ -26,7 +28,11 @@ launchers read the grid from the same copy, so a variant is what the library wou
 every default variant: tests/ops/test_nvrtc_compile.py). A variant may be named more than once
 (``--variants 2x4x1x0,2x4x1x4,2x4x1x0,2x4x1x4``): each timing gets its own row, so two variants can be timed in turns
 against the drift of one process.
-``--flat32`` times the verify's 32-bit modules (the same defines set their geometry).
+``--flat32`` times the verify's 32-bit modules (the same defines set their geometry). ``--verify-lens`` (verify_table
+only) verifies a shorter prefix of each stamped row than the case's whole one, so that warps' ranges no longer
+meet the rows and the 256-row tiles as they do in the uniform shapes: ``N`` (every row's first ``N`` positions) or
+``random:LO`` (each row a length drawn from ``[LO, prefix]`` with the seed), as an engine's batch of requests of
+mixed lengths.
 
 Per variant and case: the eager time (L2 flushed, median) and the time per launch in a CUDA graph (about 2 ms of
 launches per replay, as ``bench_cuda.py``; the L2 not flushed); registers and local (spill) bytes per thread.
@@ -40,6 +46,7 @@ written to ``$OUT/tune_<kernel>.md`` when ``$OUT`` is set).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import shutil
 import sys
@@ -62,8 +69,8 @@ KERNELS = {
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
                       ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",),
-                      ("KVC_VT_IN_ROW_SPLIT",), ("KVC_VT_PDL",)],
-                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1,2x4x1x0x0x1", "verify_table",
+                      ("KVC_VT_IN_ROW_SPLIT",), ("KVC_VT_PDL",), ("KVC_VT_REBASE",)],
+                     "shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1,2x4x1x0x0x1,2x4x1x4x0x0x1x0", "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),
     "write_table": ("write_table.cu", "kvc_write_from_table",
@@ -113,6 +120,31 @@ def use_variant(kernel: str, values: tuple[int, ...], work: Path) -> None:
     B.use_kernels_dir(dst)
 
 
+def parse_verify_lens(text: str) -> tuple[int, int] | None:
+    """``--verify-lens``: ``None`` for ``stamped``, ``(N, N)`` for ``N``, ``(LO, -1)`` for ``random:LO``."""
+    text = text.strip().lower()
+    if text == "stamped":
+        return None
+    random_form = text.startswith("random:")
+    try:
+        n = int(text.removeprefix("random:"))
+    except ValueError:
+        raise ValueError(f"{text!r} is not stamped, N or random:LO") from None
+    if n < 0:
+        raise ValueError(f"{text!r}: a length is >= 0")
+    return (n, -1) if random_form else (n, n)
+
+
+def verify_lens(rule: tuple[int, int], bs: int, prefix: int, seed: int) -> torch.Tensor:
+    """Each row's verified prefix under ``rule`` (``parse_verify_lens``), at most the stamped ``prefix``: int64
+    ``[bs]`` on the CPU; ``random:LO`` draws from ``[min(LO, prefix), prefix]`` with ``seed``."""
+    lo, hi = rule
+    if hi >= 0:
+        return torch.full((bs,), min(lo, prefix), dtype=torch.int64)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(min(lo, prefix), prefix + 1, (bs,), generator=g, dtype=torch.int64)
+
+
 def name(values: tuple[int, ...]) -> str:
     return "shipped" if not values else " x ".join(map(str, values))
 
@@ -128,7 +160,7 @@ def table_lines(kernel: str, variants: list[tuple[int, ...]], cols: list[tuple[s
     """The markdown table: one row per entry of ``variants`` (a variant named twice has two rows, from its two
     timings: ``eager``/``graph`` are keyed by (index in ``variants``, shape, layout, mode)), one column per case of
     ``cols``; registers and spill bytes from ``info`` ((variant, mode) -> (registers, spill bytes))."""
-    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all x in-row copy x pdl)"
+    head = ("entries/thread x blocks/SM (x step in row x lead x mul3 all x in-row copy x pdl x rebase)"
             if kernel == "verify_table" else "threads x blocks/SM x rows/thread x block stamps x spread (x mul3 x pdl)")
     lines = [f"| {head} | regs NONE / PARTIAL | spill B | " + " | ".join(f"{s} {lay[:4]} {m}" for s, lay, m in cols)
              + " |", "|" + "---|" * (3 + len(cols))]
@@ -155,7 +187,15 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=20240601)
     ap.add_argument("--flat32", action="store_true",
                     help="verify_table: time its 32-bit modules (kvcanary.ops.cuda.specs.FLAT32)")
+    ap.add_argument("--verify-lens", default="stamped",
+                    help="verify_table: each row's verified prefix: stamped (the whole), N, or random:LO")
     args = ap.parse_args(argv)
+    try:
+        lens_rule = parse_verify_lens(args.verify_lens)
+    except ValueError as e:
+        ap.error(f"--verify-lens: {e}")
+    if lens_rule is not None and args.kernel != "verify_table":
+        ap.error("--verify-lens applies to --kernel verify_table only")
     B.kernel_specs.FLAT32 = args.flat32
     if not torch.cuda.is_available():
         print("tune_geometry: no CUDA device", file=sys.stderr)
@@ -194,6 +234,9 @@ def main(argv=None) -> int:
             case = B.Case(shape, mode, layout, dev, args.seed)
             case.stamp_prefix()
             fn = getattr(case, method)
+            if lens_rule is not None:
+                lens = verify_lens(lens_rule, case.bs, case.prefix, args.seed).to(dev)
+                fn = functools.partial(case.verify_table, prefix_lens=lens)
             for i, var in enumerate(variants):  # a variant named twice is timed twice, a row each (interleaving)
                 use_variant(kernel, var, work)
                 key = (i, shape, layout, mode.name)
@@ -212,7 +255,7 @@ def main(argv=None) -> int:
         shutil.rmtree(work, ignore_errors=True)
     cols = [(s, lay, m.name) for s, lay, m in combos]
     lines = [f"GPU: {torch.cuda.get_device_name(dev)}; {kernel}, one buffer: µs eager / graph (eager: L2 flushed; "
-             f"median of {args.runs})", ""]
+             f"median of {args.runs}); verified prefix per row: {args.verify_lens}", ""]
     lines += table_lines(kernel, variants, cols, eager, graph, info)
     lines += ["", f"SM clock after each timing: {min(mhz, default=0):.0f}-{max(mhz, default=0):.0f} MHz",
               "checks: " + ("all clean" if not failures else "FAILED: " + " | ".join(failures))]

@@ -17,7 +17,8 @@
 // the grid (kvc_vt_ranges: equal sizes), with it warp g of G takes steps g, g + G, ... (kvc::kVtCarry says why).
 // Blocks then walk the rows in tiles of KVC_VT_THREADS rows (one per thread: pool index, prefix; a block-wide
 // exclusive sum of the rows' entry counts gives the tile's offsets in shared memory) and each warp takes its
-// steps' parts of the tile (a step may straddle two tiles): lane l takes entries
+// steps' parts of the tile (a step may straddle two tiles; a block whose range would straddle one starts its tile at
+// its first entry's row instead, KVC_VT_REBASE): lane l takes entries
 // base + u * 32 + l, finds its row by a galloping search over the tile's offsets from its previous row (usually
 // one comparison; without real KV the first row of a warp's entries in a tile is found by the whole warp in two
 // votes, kvc_vt_warp_find_row), and its position and table cell by one add each from the row's s_pos0 / s_cell0
@@ -114,9 +115,9 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // The value is the most steps a range and its lead may take (0: never a lead). A lead in every range made B 19 %
 // slower and B contiguous 43 % on an H200 (32 steps), so only short ranges take one. Such a range's steps no longer
 // start at multiples of 64 entries, as they did in B's 8192-entry rows; Nsight Compute counts the same instructions
-// and the same L1, L2 and DRAM traffic either way (docs/BENCHMARKS.md, 2026-12-06 16:50 UTC). A likely cause, not
-// yet measured: a range that straddles a tile boundary (B: 4 tiles), whose block's other warps wait at the next
-// tile's barriers for its first part. With 4 (A's ranges of four steps; B has none), on an H200
+// and the same L1, L2 and DRAM traffic either way (docs/BENCHMARKS.md, 2026-12-06 16:50 UTC). The cause, measured
+// since: a range that straddles a tile boundary (B: 4 tiles), whose block's other warps wait at the next tile's
+// barriers for its first part (KVC_VT_REBASE avoids it). With 4 (A's ranges of four steps; B has none), on an H200
 // (docs/BENCHMARKS.md, 2026-12-05 16:08 UTC): A shuffled NONE 0.28-0.48 us faster in a graph in each of 10
 // interleaved pairs (15.35-15.87 -> 14.92-15.52), A contiguous 0.8-4.4 % faster, B within 0.5 %
 // (bench/tune_geometry.py's fourth number). No spills.
@@ -134,6 +135,17 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // in a graph, A shuffled 1-2 % slower (with the lead in every range too); again on an H100 at 21:26 UTC, A shuffled
 // in turns with shipped: 19.10 and 18.90 us against 19.01 and 18.99: off (bench/tune_geometry.py's sixth number).
 #define KVC_VT_IN_ROW_SPLIT 0
+
+// 1: with per-warp ranges (no real KV) and more than one tile of rows, a block whose range starts inside a tile, past
+// its first row, and ends past the tile walks its next tile from the row of its first entry (one more scan of rows,
+// no entries) rather than the fixed tiles. Otherwise the tile boundary splits the block's warps: those past it wait
+// at the next tile's barriers until those before it are done, so the block takes up to two ranges' time and ends
+// the launch last. Never taken with one tile (A) or where ranges meet the tiles' boundaries (B's rows of 8192),
+// but an engine's batch of more than 256 rows of mixed lengths has such a block at every tile boundary. On an
+// H100 (docs/BENCHMARKS.md, 2026-12-06 18:29 UTC, in turns with 0, graph): B with rows of random lengths in
+// [4096, 8192] 235.3 -> 206.1 us shuffled and 119.6 -> 88.4 contiguous; B of 8153 each (two tile boundaries at a
+// block's fifth warp) 307.2 -> 267.3 and 152.8 -> 112.2, as fast as B's aligned rows; A and aligned B within 1 %.
+#define KVC_VT_REBASE 1
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -464,8 +476,8 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
     __shared__ kvc_i64 scratch[kvc::kScanScratch];
     // Block-uniform walk state (thread 0 writes it): [0..3] as kvc_vt_ranges, [4] the entries of the rows before
-    // the tile, [5] the tile's first row.
-    volatile __shared__ kvc_i64 s_walk[6];  // volatile: re-read where needed, never held in registers
+    // the tile, [5] the tile's first row; [6, 7] the next [4, 5] when the walk moves to a row (KVC_VT_REBASE).
+    volatile __shared__ kvc_i64 s_walk[8];  // volatile: re-read where needed, never held in registers
     // Warp-private: [0, 1] the warp's entries [lo, hi) in the tile (written by lane 0, re-read every step so they
     // need no registers through it); [2] the slot and [3 + c] context c's slot_hash of the warp's previous step's
     // last entry (lane 0 writes and reads them); with kVtLead, [3 + KVC_CONTEXTS] 1 when entry lo is the warp's lead.
@@ -561,7 +573,26 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
                 wr[1] = kvc_max64(wr[1], 0);
             }
         }
+        // KVC_VT_REBASE: the block's first entry e (tile-local) lies past this tile's first row and its range ends past
+        // the tile: the tile is walked again from e's row, with no entries taken here. The thread of that row (past
+        // row 0, so the walk moves forward) leaves the new walk state in s_walk[6, 7]; thread 0 moves it in below.
+        bool rebase = false;
+        if (kvc::kVtCarry && KVC_VT_REBASE && !one_tile) {
+            const kvc_i64 e = s_walk[1] - s_walk[4];  // block-uniform, as every operand here but the row's own
+            rebase = e >= (kvc_i64)s_off[1] && e < tile_total && s_walk[2] - s_walk[4] > tile_total;
+            if (rebase && r < b.bs && (kvc_i64)off <= e && e < (kvc_i64)off + len) {
+                s_walk[6] = s_walk[4] + off;
+                s_walk[7] = r;
+            }
+        }
         __syncthreads();  // every thread has read the walk state (and lane 0 has written wr[0], wr[1])
+        if (rebase) {  // block-uniform
+            if (tid == 0) {
+                s_walk[4] = s_walk[6];
+                s_walk[5] = s_walk[7];
+            }
+            continue;
+        }
         if (tid == 0) {
             s_walk[4] = s_walk[4] + tile_total;
             s_walk[5] = s_walk[5] + kvc::kVtTile;

@@ -203,17 +203,20 @@ def _switched_kernels(tmp_path, source_file: str, names: tuple[str, ...], values
         yield
 
 
-@pytest.fixture(params=[(0, 0, 0), (1, 0, 0), (1, 1, 0), (0, LEAD_ALWAYS, 0), (1, LEAD_ALWAYS, 0), (1, 0, 1),
-                        (1, LEAD_ALWAYS, 1)],
+@pytest.fixture(params=[(0, 0, 0, 0), (1, 0, 0, 0), (1, 1, 0, 0), (0, LEAD_ALWAYS, 0, 0), (1, LEAD_ALWAYS, 0, 0),
+                        (1, 0, 1, 0), (1, LEAD_ALWAYS, 1, 0), (1, 0, 0, 1), (1, 4, 0, 1), (0, LEAD_ALWAYS, 0, 1)],
                 ids=["rows-searched", "step-in-row", "step-in-row+lead-1-step", "lead", "step-in-row+lead",
-                     "in-row-copy", "in-row-copy+lead"])
-def vt_steps(request, tmp_path) -> Iterator[tuple[int, int, int]]:
-    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW``, ``KVC_VT_LEAD_ENTRY`` and ``KVC_VT_IN_ROW_SPLIT`` set to the
-    parameter's three values (a copy; the source's own values aside): the ways a warp's step without real KV may
-    take its rows, its first entry's predecessor and the rest of a step inside one row. ``lead-1-step``: the lead
-    compiled in but taken only by ranges of one step, so most ranges here go without (an even ``per``)."""
+                     "in-row-copy", "in-row-copy+lead", "step-in-row+rebase", "step-in-row+lead-4-steps+rebase",
+                     "lead+rebase"])
+def vt_steps(request, tmp_path) -> Iterator[tuple[int, int, int, int]]:
+    """``kernels_cu/`` with ``KVC_VT_STEP_IN_ROW``, ``KVC_VT_LEAD_ENTRY``, ``KVC_VT_IN_ROW_SPLIT`` and
+    ``KVC_VT_REBASE`` set to the parameter's four values (a copy; the source's own values aside): the ways a warp's
+    step without real KV may take its rows, its first entry's predecessor and the rest of a step inside one row, and
+    how a block whose range straddles a tile boundary walks its tiles. ``lead-1-step``: the lead compiled in but
+    taken only by ranges of one step, so most ranges here go without (an even ``per``)."""
     with _switched_kernels(tmp_path, "verify_table.cu",
-                           ("KVC_VT_STEP_IN_ROW", "KVC_VT_LEAD_ENTRY", "KVC_VT_IN_ROW_SPLIT"), request.param):
+                           ("KVC_VT_STEP_IN_ROW", "KVC_VT_LEAD_ENTRY", "KVC_VT_IN_ROW_SPLIT", "KVC_VT_REBASE"),
+                           request.param):
         yield request.param
 
 
@@ -288,7 +291,9 @@ def test_verify_table_emulated_ranges_at_rows_and_tiles(emu, vt_flat32, vt_steps
     starts at a position > 0 whose predecessor is looked up in the table). With KVC_VT_LEAD_ENTRY a range holds
     255 entries: warp 20's starts the second tile (no lead there: its first entry's predecessor is looked up) and
     warps 21-31 take one long row each, their lead the previous row's last entry (loaded and hashed, not checked;
-    checked twice, its violation would be logged twice). Without the lead the ranges (256) fall elsewhere. A fifth
+    checked twice, its violation would be logged twice). With KVC_VT_REBASE block 2 (warps 16-23, from entry 4,080 or
+    4,096) walks a tile from its first entry's row, so warp 20's range starts inside that tile, at its lead when
+    ranges take one. Without the lead the ranges (256) fall elsewhere. A fifth
     of the records corrupted, some slots out of range. The first row is pool row 0 (its window starts at position
     0): a lead wrongly taken before the first tile's first entry would read the int before the table, which the
     sanitized run of this module (test_kernels_sanitized.py) reports."""
@@ -319,6 +324,30 @@ def test_verify_table_emulated_ranges_at_rows_and_tiles(emu, vt_flat32, vt_steps
     grid = grids.verify_table_grid(False, 1)
     assert grid.blocks * grid.threads // 32 == 32
     assert _range_per(5100 + 12 * 255, 32, vt_steps[1]) == (255 if vt_steps[1] >= 4 else 256)
+    ref, got = _run(emu, kc.launch_canary_verify_from_table,
+                    lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(False)), (b, cases))
+    assert _compare(ref[1], got[1]) > 0
+    assert _flat32_launched(emu) == {vt_flat32}
+
+
+def test_verify_table_emulated_block_range_across_tiles(emu, vt_flat32, vt_steps):
+    """A block whose range starts inside the first tile, past its first row, and ends in the second: 300 rows of 20
+    entries over one SM's 4 blocks of 8 warps. Block 3's range starts in row 230 and ends past the first tile's
+    5,120 entries, so with KVC_VT_REBASE it walks a tile from row 230 (its first entries, and with leads the lead,
+    tile-local from there); without it, its warps past entry 5,120 take them in the second tile. A fifth of the
+    records corrupted, so violations fall on both sides of the boundary."""
+    rng = rng_for("emu-verify_table-block-across-tiles")
+    b = make_table_batch(rng, block_size=16, max_blocks=4, n_active=300, max_reqs=301, n_padding=0, n_invalid=0,
+                         bad_blocks=0, max_extend=1, shuffle=False)
+    b.prefix_lens[:] = 20
+    cases = make_canary_cases(rng, b.num_slots, 1, n_sources=0, mode=Mode.NONE, stride=record_stride(rng, aligned=True),
+                              ring_capacity=_ring(b))
+    stamp_batch(rng, cases[0], b, corrupt=0.2)
+    grid = grids.verify_table_grid(False, 1)
+    warps_per_block = grid.threads // 32
+    per = _range_per(6000, grid.blocks * warps_per_block, vt_steps[1])
+    start, end = 3 * warps_per_block * per, min(4 * warps_per_block * per, 6000)
+    assert grid.blocks == 4 and 20 <= start < 5120 < end, (grid, per, start, end)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
                     lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(False)), (b, cases))
     assert _compare(ref[1], got[1]) > 0

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from support.bench_scripts import bench_module
 
@@ -89,3 +90,21 @@ def test_tune_table_keeps_a_row_per_timing_of_a_variant_named_twice():
                                                        "33.00 / 15.45"]
     assert [r.split("|")[1].strip() for r in rows] == ["2 x 4 x 1 x 0", "2 x 4 x 1 x 4"] * 2
     assert [r.split("|")[2].strip() for r in rows] == ["48 / 0", "54 / 0"] * 2
+
+
+def test_tune_verify_lens_shorten_each_row_within_its_stamped_prefix():
+    """``--verify-lens``: ``stamped`` keeps the case's prefix (no tensor), ``N`` every row's first N positions (at most
+    the stamped prefix), ``random:LO`` a seeded draw from ``[LO, prefix]`` per row, the same for the same seed."""
+    assert tg.parse_verify_lens("stamped") is None
+    assert tg.parse_verify_lens("8153") == (8153, 8153)
+    assert tg.parse_verify_lens("random:4096") == (4096, -1)
+    for bad in ("random:", "x", "-3", "random:-1"):
+        with pytest.raises(ValueError):
+            tg.parse_verify_lens(bad)
+    assert tg.verify_lens((8153, 8153), 4, 8192, 1).tolist() == [8153] * 4
+    assert tg.verify_lens((9000, 9000), 3, 8192, 1).tolist() == [8192] * 3
+    lens = tg.verify_lens((4096, -1), 1024, 8192, 7)
+    assert lens.dtype == torch.int64 and lens.shape == (1024,)
+    assert int(lens.min()) >= 4096 and int(lens.max()) <= 8192 and len(set(lens.tolist())) > 500
+    assert torch.equal(lens, tg.verify_lens((4096, -1), 1024, 8192, 7))
+    assert not torch.equal(lens, tg.verify_lens((4096, -1), 1024, 8192, 8))
