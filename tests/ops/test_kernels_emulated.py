@@ -332,10 +332,11 @@ def test_verify_table_emulated_ranges_at_rows_and_tiles(emu, vt_flat32, vt_steps
 
 def test_verify_table_emulated_block_range_across_tiles(emu, vt_flat32, vt_steps):
     """A block whose range starts inside the first tile, past its first row, and ends in the second: 300 rows of 20
-    entries over one SM's 4 blocks of 8 warps. Block 3's range starts in row 230 and ends past the first tile's
-    5,120 entries, so with KVC_VT_REBASE it walks a tile from row 230 (its first entries, and with leads the lead,
-    tile-local from there); without it, its warps past entry 5,120 take them in the second tile. A fifth of the
-    records corrupted, so violations fall on both sides of the boundary."""
+    entries over one SM's 4 blocks of 8 warps. Block 3's range (ranges of 191 or 192 entries) starts in row 229 or 230
+    and ends past the first tile's 5,120 entries, so with KVC_VT_REBASE it walks a tile from that row (its first
+    entries, and with leads the lead, tile-local from there); without it, its warps past entry 5,120 take them in
+    the second tile. A fifth of the records corrupted, so violations fall on both sides of the boundary. A new walk
+    state one entry off fails this test with every rebase parameter."""
     rng = rng_for("emu-verify_table-block-across-tiles")
     b = make_table_batch(rng, block_size=16, max_blocks=4, n_active=300, max_reqs=301, n_padding=0, n_invalid=0,
                          bad_blocks=0, max_extend=1, shuffle=False)
