@@ -120,8 +120,8 @@ def use_variant(kernel: str, values: tuple[int, ...], work: Path) -> None:
     B.use_kernels_dir(dst)
 
 
-def parse_verify_lens(text: str) -> tuple[int, int] | None:
-    """``--verify-lens``: ``None`` for ``stamped``, ``(N, N)`` for ``N``, ``(LO, -1)`` for ``random:LO``."""
+def parse_verify_lens(text: str) -> tuple[int, bool] | None:
+    """``--verify-lens``: ``None`` for ``stamped``, ``(N, False)`` for ``N``, ``(LO, True)`` for ``random:LO``."""
     text = text.strip().lower()
     if text == "stamped":
         return None
@@ -132,17 +132,17 @@ def parse_verify_lens(text: str) -> tuple[int, int] | None:
         raise ValueError(f"{text!r} is not stamped, N or random:LO") from None
     if n < 0:
         raise ValueError(f"{text!r}: a length is >= 0")
-    return (n, -1) if random_form else (n, n)
+    return n, random_form
 
 
-def verify_lens(rule: tuple[int, int], bs: int, prefix: int, seed: int) -> torch.Tensor:
+def verify_lens(rule: tuple[int, bool], bs: int, prefix: int, seed: int) -> torch.Tensor:
     """Each row's verified prefix under ``rule`` (``parse_verify_lens``), at most the stamped ``prefix``: int64
     ``[bs]`` on the CPU; ``random:LO`` draws from ``[min(LO, prefix), prefix]`` with ``seed``."""
-    lo, hi = rule
-    if hi >= 0:
-        return torch.full((bs,), min(lo, prefix), dtype=torch.int64)
+    n, random_form = rule
+    if not random_form:
+        return torch.full((bs,), min(n, prefix), dtype=torch.int64)
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(min(lo, prefix), prefix + 1, (bs,), generator=g, dtype=torch.int64)
+    return torch.randint(min(n, prefix), prefix + 1, (bs,), generator=g, dtype=torch.int64)
 
 
 def name(values: tuple[int, ...]) -> str:
@@ -236,7 +236,7 @@ def main(argv=None) -> int:
             fn = getattr(case, method)
             if lens_rule is not None:
                 lens = verify_lens(lens_rule, case.bs, case.prefix, args.seed).to(dev)
-                fn = functools.partial(case.verify_table, prefix_lens=lens)
+                fn = functools.partial(fn, prefix_lens=lens)  # (method is verify_table here)
             for i, var in enumerate(variants):  # a variant named twice is timed twice, a row each (interleaving)
                 use_variant(kernel, var, work)
                 key = (i, shape, layout, mode.name)

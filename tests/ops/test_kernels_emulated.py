@@ -346,9 +346,10 @@ def test_verify_table_emulated_block_range_across_tiles(emu, vt_flat32, vt_steps
     stamp_batch(rng, cases[0], b, corrupt=0.2)
     grid = grids.verify_table_grid(False, 1)
     warps_per_block = grid.threads // 32
-    per = _range_per(6000, grid.blocks * warps_per_block, vt_steps[1])
-    start, end = 3 * warps_per_block * per, min(4 * warps_per_block * per, 6000)
-    assert grid.blocks == 4 and 20 <= start < 5120 < end, (grid, per, start, end)
+    total, first_tile = int(b.prefix_lens.sum()), int(b.prefix_lens[:256].sum())
+    per = _range_per(total, grid.blocks * warps_per_block, vt_steps[1])
+    start, end = 3 * warps_per_block * per, min(4 * warps_per_block * per, total)
+    assert grid.blocks == 4 and 20 <= start < first_tile < end, (grid, per, start, end)
     ref, got = _run(emu, kc.launch_canary_verify_from_table,
                     lambda s: dict(contexts=(s[1][0].context(),), **s[0].verify_kwargs(False)), (b, cases))
     assert _compare(ref[1], got[1]) > 0

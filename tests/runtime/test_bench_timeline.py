@@ -96,15 +96,15 @@ def test_tune_verify_lens_shorten_each_row_within_its_stamped_prefix():
     """``--verify-lens``: ``stamped`` keeps the case's prefix (no tensor), ``N`` every row's first N positions (at most
     the stamped prefix), ``random:LO`` a seeded draw from ``[LO, prefix]`` per row, the same for the same seed."""
     assert tg.parse_verify_lens("stamped") is None
-    assert tg.parse_verify_lens("8153") == (8153, 8153)
-    assert tg.parse_verify_lens("random:4096") == (4096, -1)
+    assert tg.parse_verify_lens("8153") == (8153, False)
+    assert tg.parse_verify_lens("random:4096") == (4096, True)
     for bad in ("random:", "x", "-3", "random:-1"):
         with pytest.raises(ValueError):
             tg.parse_verify_lens(bad)
-    assert tg.verify_lens((8153, 8153), 4, 8192, 1).tolist() == [8153] * 4
-    assert tg.verify_lens((9000, 9000), 3, 8192, 1).tolist() == [8192] * 3
-    lens = tg.verify_lens((4096, -1), 1024, 8192, 7)
+    assert tg.verify_lens((8153, False), 4, 8192, 1).tolist() == [8153] * 4
+    assert tg.verify_lens((9000, False), 3, 8192, 1).tolist() == [8192] * 3
+    lens = tg.verify_lens((4096, True), 1024, 8192, 7)
     assert lens.dtype == torch.int64 and lens.shape == (1024,)
     assert int(lens.min()) >= 4096 and int(lens.max()) <= 8192 and len(set(lens.tolist())) > 500
-    assert torch.equal(lens, tg.verify_lens((4096, -1), 1024, 8192, 7))
-    assert not torch.equal(lens, tg.verify_lens((4096, -1), 1024, 8192, 8))
+    assert torch.equal(lens, tg.verify_lens((4096, True), 1024, 8192, 7))
+    assert not torch.equal(lens, tg.verify_lens((4096, True), 1024, 8192, 8))
