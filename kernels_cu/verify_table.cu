@@ -146,6 +146,16 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // [4096, 8192] 235.3 -> 206.1 us shuffled and 119.6 -> 88.4 contiguous; B of 8153 each (two tile boundaries at a
 // block's fifth warp) 307.2 -> 267.3 and 152.8 -> 112.2, as fast as B's aligned rows; A and aligned B within 1 %.
 #define KVC_VT_REBASE 1
+// 1: a step's records are hashed before any of its checks, each hash computed whatever the slot (a lane without a
+// record of its own hashes zeros and keeps 0), so that the kVtUnroll hashes are one branch-free block the compiler
+// interleaves: the step waits on one hash's dependency chain (about 54 dependent instructions) rather than one per
+// entry. 2: as 1, and one warp vote for the step's entries rather than one per entry (a warp where some entry fails
+// then appends each entry's rows in turn). Off: each entry's hash sits in a branch of its own, between the previous
+// entry's checks and vote. Statically (nvcc 13.0, sm_90), the A NONE 32-bit module: 54 -> 56 registers, 2,408 ->
+// 2,400 (1) and 2,344 (2) instructions, no spill; with 2 one 64-bit module spills 16 bytes (check tokens, two
+// contexts; with 1, four check-token modules spill 8-24). Prepared 2026-12-06 in a session whose device asks all
+// failed: not yet timed, so off (bench/tune_geometry.py's ninth number; docs/BENCHMARKS.md, "Prepared (2026-12-06").
+#define KVC_VT_HASH_ILP 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -318,13 +328,31 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #endif
     }
     const int lane = (int)(threadIdx.x & 31);
+#if KVC_VT_HASH_ILP
+    // slot_hash of each entry's own record, all before the checks (KVC_VT_HASH_ILP): a lane without one hashes the
+    // zeroed fields and keeps 0, so no branch separates the hashes.
+    kvc_i64 own_hash[kvc::kVtUnroll];
+#pragma unroll
+    for (int u = 0; u < kvc::kVtUnroll; ++u) {
+        const kvc_i64 h = (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]);
+        own_hash[u] = own[u] ? h : 0;
+    }
+#endif
+#if KVC_VT_HASH_ILP >= 2
+    bool want_at[kvc::kVtUnroll], oor_at[kvc::kVtUnroll], chain_bad_at[kvc::kVtUnroll], tok_bad_at[kvc::kVtUnroll];
+    kvc_i64 expect_at[kvc::kVtUnroll], fingerprint_at[kvc::kVtUnroll];
+#endif
     kvc_i64 hash_carry = 0;  // lane 0: slot_hash of entry (u - 1, lane 31), or of the previous step's last
     if (kvc::kVtCarry && lane == 0 && (IN_ROW || en.nb[0])) hash_carry = *hash_carry_smem;
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_vt_slot s = en.slot[u], prev = en.prev[u];
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
+#if KVC_VT_HASH_ILP
+        const kvc_i64 h = own_hash[u];
+#else
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
+#endif
         const kvc_i64 rotated = __shfl_sync(kvc::kFullMask, h, (lane + kvc::kWarpSize - 1) & 31);
         kvc_i64 pred = lane > 0 ? rotated : hash_carry;  // slot_hash of prev when en.nb[u] (lane 0: (u - 1, 31)'s)
         hash_carry = rotated;
@@ -357,7 +385,29 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #endif
         bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
         if (kvc::kVtLead && !IN_ROW && u == 0 && lead) want = false;  // the lead: hashed for lane 1, not checked
+#if KVC_VT_HASH_ILP >= 2
+        // The loop over u ends here: its vote and appends follow once for the step, in a loop of their own over
+        // what each entry's checks found.
+        want_at[u] = want;
+        oor_at[u] = oor;
+        chain_bad_at[u] = chain_bad;
+        tok_bad_at[u] = tok_bad;
+        expect_at[u] = expect;
+        fingerprint_at[u] = fingerprint;
+    }
+    // One vote for the step's entries; a warp where some entry fails appends each u's rows (none: no atomic).
+    bool any_want = false;
+#pragma unroll
+    for (int u = 0; u < kvc::kVtUnroll; ++u) any_want |= want_at[u];
+    if (!__all_sync(kvc::kFullMask, !any_want)) {
+#pragma unroll
+        for (int u = 0; u < kvc::kVtUnroll; ++u) {
+            const kvc_vt_slot s = en.slot[u], prev = en.prev[u];
+            const bool want = want_at[u], oor = oor_at[u], chain_bad = chain_bad_at[u], tok_bad = tok_bad_at[u];
+            const kvc_i64 expect = expect_at[u], fingerprint = fingerprint_at[u];
+#else
         if (!__all_sync(kvc::kFullMask, !want)) {
+#endif
             kvc_i64 bits = 0;
             if (chain_bad) bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
             if (tok_bad) bits |= kvc::VERIFY_TOKEN_MISMATCH;
