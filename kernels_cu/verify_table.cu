@@ -153,8 +153,9 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // then appends each entry's rows in turn). Off: each entry's hash sits in a branch of its own, between the previous
 // entry's checks and vote. Statically (nvcc 13.0, sm_90), the A NONE 32-bit module: 54 -> 56 registers, 2,408 ->
 // 2,400 (1) and 2,344 (2) instructions, no spill; with 2 one 64-bit module spills 16 bytes (check tokens, two
-// contexts; with 1, four check-token modules spill 8-24). Prepared 2026-12-06 in a session whose device asks all
-// failed: not yet timed, so off (bench/tune_geometry.py's ninth number; docs/BENCHMARKS.md, "Prepared (2026-12-06").
+// contexts; with 1, four 64-bit check-token modules spill 8-24). Prepared 2026-12-06 in a session whose device
+// asks all failed: not yet timed, so off (bench/tune_geometry.py's ninth number; docs/BENCHMARKS.md, "Prepared
+// (2026-12-06").
 #define KVC_VT_HASH_ILP 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
