@@ -15,8 +15,8 @@ not checked, ``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in
 ``KVC_VT_MUL3_ALL``; time it without ``--flat32``), ``C`` (1: a step inside one row runs its own copy of the
 rest of the step, ``KVC_VT_IN_ROW_SPLIT``), ``D`` (1: programmatic dependent launch, ``KVC_VT_PDL``) and ``R``
 (1: a block whose range straddles a tile boundary walks its next tile from the row of its first entry,
-``KVC_VT_REBASE``) and ``H`` (1: a step's hashes computed together, branch-free, before its checks; 2: and one vote
-for the step's entries, ``KVC_VT_HASH_ILP``).
+``KVC_VT_REBASE``) and ``H`` (1: a step's hashes computed together, branch-free, before its checks, in the 32-bit and
+the 64-bit modules alike: ``KVC_VT_HASH_ILP`` and ``KVC_VT_HASH_ILP_64``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxMxD`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first), ``M`` (1:
@@ -70,9 +70,10 @@ KERNELS = {
                      [("KVC_VT_UNROLL", "KVC_VT_UNROLL_REAL_KV"),
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
                       ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",),
-                      ("KVC_VT_IN_ROW_SPLIT",), ("KVC_VT_PDL",), ("KVC_VT_REBASE",), ("KVC_VT_HASH_ILP",)],
+                      ("KVC_VT_IN_ROW_SPLIT",), ("KVC_VT_PDL",), ("KVC_VT_REBASE",),
+                      ("KVC_VT_HASH_ILP", "KVC_VT_HASH_ILP_64")],
                      ("shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1,2x4x1x0x0x1,2x4x1x4x0x0x1x0,2x4x1x4x0x0x1x1x0,"
-                      "2x4x1x4x0x0x1x1x1,2x4x1x4x0x0x1x1x2"),
+                      "2x4x1x4x0x0x1x1x1"),
                      "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),

@@ -149,14 +149,17 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // 1: a step's records are hashed before any of its checks, each hash computed whatever the slot (a lane without a
 // record of its own hashes zeros and keeps 0), so that the kVtUnroll hashes are one branch-free block the compiler
 // interleaves: the step waits on one hash's dependency chain (about 54 dependent instructions) rather than one per
-// entry. 2: as 1, and one warp vote for the step's entries rather than one per entry (a warp where some entry fails
-// then appends each entry's rows in turn). Off: each entry's hash sits in a branch of its own, between the previous
-// entry's checks and vote. Statically (nvcc 13.0, sm_90), the A NONE 32-bit module: 54 -> 56 registers, 2,408 ->
-// 2,400 (1) and 2,344 (2) instructions, no spill; with 2 one 64-bit module spills 16 bytes (check tokens, two
-// contexts; with 1, four 64-bit check-token modules spill 8-24). Prepared 2026-12-06 in a session whose device
-// asks all failed: not yet timed, so off (bench/tune_geometry.py's ninth number; docs/BENCHMARKS.md, "Prepared
-// (2026-12-06").
-#define KVC_VT_HASH_ILP 0
+// entry (off, each entry's hash sits in a branch of its own, between the previous entry's checks and vote).
+// KVC_VT_HASH_ILP for the 32-bit modules, KVC_VT_HASH_ILP_64 for the 64-bit ones. Statically (nvcc 13.0, sm_90),
+// the A NONE 32-bit module: 54 -> 56 registers, 2,408 -> 2,400 instructions, no spill; the 64-bit modules 60 -> 62,
+// and four of them (check tokens) would spill 8-24 bytes. On an H100 (docs/BENCHMARKS.md, 2026-12-07 00:42 UTC, in
+// turns with 0, graph): the 32-bit modules never slower, A shuffled NONE 18.89 -> 18.72 us, A contiguous 13.04 ->
+// 12.88, B contiguous 113.1 -> 112.3, D 3 % faster; the 64-bit ones within 0.2 % (A 19.37 -> 19.32, B the same), so
+// they stay off and keep their code. One warp vote per step instead of one per entry on top of it was no faster
+// (A shuffled 18.85): removed. bench/tune_geometry.py's ninth number sets both.
+#define KVC_VT_HASH_ILP 1
+#define KVC_VT_HASH_ILP_64 0
+#define KVC_VT_HASHES_FIRST (KVC_FLAT32 ? KVC_VT_HASH_ILP : KVC_VT_HASH_ILP_64)  // this module's
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -329,7 +332,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #endif
     }
     const int lane = (int)(threadIdx.x & 31);
-#if KVC_VT_HASH_ILP
+#if KVC_VT_HASHES_FIRST
     // slot_hash of each entry's own record, all before the checks (KVC_VT_HASH_ILP): a lane without one hashes the
     // zeroed fields and keeps 0, so no branch separates the hashes.
     kvc_i64 own_hash[kvc::kVtUnroll];
@@ -339,17 +342,13 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
         own_hash[u] = own[u] ? h : 0;
     }
 #endif
-#if KVC_VT_HASH_ILP >= 2
-    bool want_at[kvc::kVtUnroll], oor_at[kvc::kVtUnroll], chain_bad_at[kvc::kVtUnroll], tok_bad_at[kvc::kVtUnroll];
-    kvc_i64 expect_at[kvc::kVtUnroll], fingerprint_at[kvc::kVtUnroll];
-#endif
     kvc_i64 hash_carry = 0;  // lane 0: slot_hash of entry (u - 1, lane 31), or of the previous step's last
     if (kvc::kVtCarry && lane == 0 && (IN_ROW || en.nb[0])) hash_carry = *hash_carry_smem;
 #pragma unroll
     for (int u = 0; u < kvc::kVtUnroll; ++u) {
         const kvc_vt_slot s = en.slot[u], prev = en.prev[u];
         // slot_hash of this lane's record, handed to the next lane (whose prev is this slot).
-#if KVC_VT_HASH_ILP
+#if KVC_VT_HASHES_FIRST
         const kvc_i64 h = own_hash[u];
 #else
         const kvc_i64 h = own[u] ? (kvc_i64)kvc_record_hash(hash[u], tok[u], spos[u]) : 0;
@@ -386,29 +385,7 @@ __device__ __forceinline__ void kvc_vt_context(const KvcContextParams& x, const 
 #endif
         bool want = oor | (checked & (chain_bad | tok_bad | (spos[u] != en.pos[u]) | (rkv[u] != fingerprint)));
         if (kvc::kVtLead && !IN_ROW && u == 0 && lead) want = false;  // the lead: hashed for lane 1, not checked
-#if KVC_VT_HASH_ILP >= 2
-        // The loop over u ends here: its vote and appends follow once for the step, in a loop of their own over
-        // what each entry's checks found.
-        want_at[u] = want;
-        oor_at[u] = oor;
-        chain_bad_at[u] = chain_bad;
-        tok_bad_at[u] = tok_bad;
-        expect_at[u] = expect;
-        fingerprint_at[u] = fingerprint;
-    }
-    // One vote for the step's entries; a warp where some entry fails appends each u's rows (none: no atomic).
-    bool any_want = false;
-#pragma unroll
-    for (int u = 0; u < kvc::kVtUnroll; ++u) any_want |= want_at[u];
-    if (!__all_sync(kvc::kFullMask, !any_want)) {
-#pragma unroll
-        for (int u = 0; u < kvc::kVtUnroll; ++u) {
-            const kvc_vt_slot s = en.slot[u], prev = en.prev[u];
-            const bool want = want_at[u], oor = oor_at[u], chain_bad = chain_bad_at[u], tok_bad = tok_bad_at[u];
-            const kvc_i64 expect = expect_at[u], fingerprint = fingerprint_at[u];
-#else
         if (!__all_sync(kvc::kFullMask, !want)) {
-#endif
             kvc_i64 bits = 0;
             if (chain_bad) bits |= kvc::VERIFY_CHAIN_HASH_MISMATCH;
             if (tok_bad) bits |= kvc::VERIFY_TOKEN_MISMATCH;

@@ -435,7 +435,11 @@ def test_tune_geometry_default_variants_compile_clean(nvrtc, tmp_path):
     assert tg.variant_source("write_table", (), "#define KVC_WT_THREADS 256\n") == "#define KVC_WT_THREADS 256\n"
     assert tg.parse_variants("verify_table", "2x4,2x4x0,2x4x1x1") == [(2, 4), (2, 4, 0), (2, 4, 1, 1)]
     assert tg.parse_variants("verify_table", "2x4x1x4x0x0x1x1") == [(2, 4, 1, 4, 0, 0, 1, 1)]
-    assert tg.parse_variants("verify_table", "2x4x1x4x0x0x1x1x2") == [(2, 4, 1, 4, 0, 0, 1, 1, 2)]
+    assert tg.parse_variants("verify_table", "2x4x1x4x0x0x1x1x1") == [(2, 4, 1, 4, 0, 0, 1, 1, 1)]
+    # the ninth number sets the switch of the 32-bit and of the 64-bit modules
+    both = tg.variant_source("verify_table", (2, 4, 1, 4, 0, 0, 1, 1, 7),
+                             (kspecs.kernels_dir() / "verify_table.cu").read_text())
+    assert "\n#define KVC_VT_HASH_ILP 7\n#define KVC_VT_HASH_ILP_64 7\n" in both
     with pytest.raises(ValueError, match="more than 9 numbers"):
         tg.parse_variants("verify_table", "2x4x1x1x1x1x1x1x1x1")
     with pytest.raises(ValueError, match="more than 7 numbers"):
