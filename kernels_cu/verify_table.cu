@@ -159,7 +159,7 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 // (A shuffled 18.85): removed. bench/tune_geometry.py's ninth number sets both.
 #define KVC_VT_HASH_ILP 1
 #define KVC_VT_HASH_ILP_64 0
-#define KVC_VT_HASHES_FIRST (KVC_FLAT32 ? KVC_VT_HASH_ILP : KVC_VT_HASH_ILP_64)  // this module's
+#define KVC_VT_HASHES_FIRST (KVC_FLAT32 ? KVC_VT_HASH_ILP : KVC_VT_HASH_ILP_64)  // the one of this module's width
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
