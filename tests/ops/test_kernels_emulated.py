@@ -221,7 +221,7 @@ def vt_steps(request, tmp_path) -> Iterator[tuple[int, int, int, int, int, int]]
     may take its rows, its first entry's predecessor and the rest of a step inside one row, how a block whose range
     straddles a tile boundary walks its tiles, whether a step's hashes come before its checks (1) in the 32-bit and
     the 64-bit modules alike, and whether a warp's first step that starts at its lead may be a step inside one row
-    (the 32-bit modules; never with the in-row copy, so its last parameter checks that it stays off there).
+    (the 32-bit modules; the switch gives way to the in-row copy, whose parameter with both checks that it does).
     ``lead-1-step``: the lead compiled in but taken only by ranges of one step, so most ranges here go without (an
     even ``per``)."""
     p = request.param
