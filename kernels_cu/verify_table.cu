@@ -206,9 +206,8 @@ constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 // 8 % faster in a graph, docs/BENCHMARKS.md, 2026-12-04).
 constexpr bool kVtEarlyLoads = KVC_HAS_REAL_KV != 0;
 constexpr bool kVtLead = kVtCarry && KVC_VT_LEAD_ENTRY;  // see KVC_VT_LEAD_ENTRY
-#if KVC_VT_LEAD_IN_ROW  // (declared only where used: NVRTC warns of an unused constant)
-constexpr bool kVtLeadInRow = kVtLead && KVC_FLAT32 && !KVC_VT_IN_ROW_SPLIT;  // see KVC_VT_LEAD_IN_ROW
-#endif
+// See KVC_VT_LEAD_IN_ROW.
+constexpr bool kVtLeadInRow = KVC_VT_LEAD_IN_ROW && kVtLead && KVC_FLAT32 && !KVC_VT_IN_ROW_SPLIT;
 static_assert(!(kVtLead && kVtEarlyLoads), "the lead's predecessor is skipped only where it is looked up in place");
 static_assert(kVtTile * (kvc_i64)KVC_VT_FLAT32_MAX_SEQ_LEN + (1LL << 24) <= (1LL << 31), "flat32 tile bound");
 }  // namespace kvc
@@ -667,13 +666,9 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             if (kvc::kVtCarry && !kvc_vt_paged(t)) {
                 const kvc_vt_idx last = base + (kvc::kVtWarpStep - 1);
                 r0 = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
-#if KVC_VT_LEAD_IN_ROW
-                // Or the warp's first step, which starts at its lead: hint is then the row of entry lo (found by
-                // the whole warp, so r0 is too), and the lead needs no predecessor.
+                // With kVtLeadInRow also the warp's first step when it starts at its lead: hint is then the row of
+                // entry lo (found by the whole warp, so r0 is too), and the lead needs no predecessor.
                 in_row = (base > lo || (kvc::kVtLeadInRow && ws[kLeadAt] != 0)) && last < s_off[r0 + 1] && last < hi;
-#else
-                in_row = base > lo && last < s_off[r0 + 1] && last < hi;
-#endif
             }
 #else
             constexpr bool in_row = false;
@@ -688,22 +683,19 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // Without kVtEarlyLoads and with a per-position table: each entry's table int, loaded in the row loop
             // and turned into its slot after it, so that the step's table loads are in flight together.
             int raw[kvc::kVtUnroll];
-            bool lead = false;  // entry 0 (u = 0) of lane 0 is the warp's lead (kVtLead)
-#if KVC_VT_LEAD_IN_ROW
-            if (kvc::kVtLeadInRow) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
-#endif
+            // Entry 0 (u = 0) of lane 0 is the warp's lead (kVtLead); set here for either branch with kVtLeadInRow,
+            // else in the search branch only.
+            bool lead = kvc::kVtLeadInRow && base == lo && lane == 0 && ws[kLeadAt] != 0;
             if (in_row) {
                 const kvc_vt_idx pos0 = s_pos0[r0];
                 const kvc_i64 cell0 = s_cell0[r0];
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
-#if KVC_VT_LEAD_IN_ROW
                     en.act[u] = true;
-                    en.nb[u] = !(u == 0 && lead);  // the lead's predecessor stays unknown (prev 0), as below
-#else
-                    en.act[u] = en.nb[u] = true;
-#endif
+                    // The lead's predecessor stays unknown (prev 0), as below. Not observable (the lead is not
+                    // checked); it spares lane 0 the carry's shared load in the warp's first step.
+                    en.nb[u] = !(kvc::kVtLeadInRow && u == 0 && lead);
                     en.pos[u] = el + pos0;
                     en.prev[u] = 0;
                     en.exp_tok[u] = kvc::NO_SLOT;
@@ -718,7 +710,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
             } else {
                 // Entry lo on lane 0 is the lead in the warp's first step of the tile when the tile holds it.
-                if (kvc::kVtLead) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
+                if (kvc::kVtLead && !kvc::kVtLeadInRow) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
