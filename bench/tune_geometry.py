@@ -7,7 +7,7 @@ Usage (on a CUDA machine, from the repository root)::
     PYTHONPATH=. python3 bench/tune_geometry.py --kernel write_table    # write_table, its default variants
     PYTHONPATH=. python3 bench/tune_geometry.py --variants shipped,2x4,1x4 --shapes B
 
-``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxMxCxDxRxHxI`` sets ``U`` entries per thread
+``--kernel verify_table`` (``kernels_cu/verify_table.cu``): a variant ``UxBxSxLxMxCxDxRxH`` sets ``U`` entries per thread
 per step and ``B`` blocks per SM for both specializations (``KVC_VT_UNROLL[_REAL_KV]``,
 ``KVC_VT_BLOCKS_PER_SM[_REAL_KV]``), ``S`` (1: a step inside one row takes the row once, ``KVC_VT_STEP_IN_ROW``),
 ``L`` (n > 0: a warp's range of at most n steps starts at its lead, the entry before it, loaded and hashed but
@@ -15,10 +15,8 @@ not checked, ``KVC_VT_LEAD_ENTRY``), ``M`` (1: the 64-bit modules' multiplies in
 ``KVC_VT_MUL3_ALL``; time it without ``--flat32``), ``C`` (1: a step inside one row runs its own copy of the
 rest of the step, ``KVC_VT_IN_ROW_SPLIT``), ``D`` (1: programmatic dependent launch, ``KVC_VT_PDL``) and ``R``
 (1: a block whose range straddles a tile boundary walks its next tile from the row of its first entry,
-``KVC_VT_REBASE``), ``H`` (1: a step's hashes computed together, branch-free, before its checks, in the 32-bit and
-the 64-bit modules alike: ``KVC_VT_HASH_ILP`` and ``KVC_VT_HASH_ILP_64``) and ``I`` (1: a warp's first step that
-starts at its lead and lies in one row is taken as a step inside one row, in the 32-bit modules:
-``KVC_VT_LEAD_IN_ROW``).
+``KVC_VT_REBASE``) and ``H`` (1: a step's hashes computed together, branch-free, before its checks, in the 32-bit and
+the 64-bit modules alike: ``KVC_VT_HASH_ILP`` and ``KVC_VT_HASH_ILP_64``).
 ``--kernel write_table`` (``kernels_cu/write_table.cu``): a variant ``TxBxRxSxPxMxD`` sets ``T`` threads per block,
 ``B`` blocks per SM, ``R`` rows per thread of the row scan, ``S`` (1: stamp counts summed per block, 0: per warp),
 ``P`` (1: short requests spread over the blocks first, 0: over the first blocks' warps first), ``M`` (1:
@@ -73,9 +71,9 @@ KERNELS = {
                       ("KVC_VT_BLOCKS_PER_SM", "KVC_VT_BLOCKS_PER_SM_REAL_KV"),
                       ("KVC_VT_STEP_IN_ROW",), ("KVC_VT_LEAD_ENTRY",), ("KVC_VT_MUL3_ALL",),
                       ("KVC_VT_IN_ROW_SPLIT",), ("KVC_VT_PDL",), ("KVC_VT_REBASE",),
-                      ("KVC_VT_HASH_ILP", "KVC_VT_HASH_ILP_64"), ("KVC_VT_LEAD_IN_ROW",)],
+                      ("KVC_VT_HASH_ILP", "KVC_VT_HASH_ILP_64")],
                      ("shipped,2x4,1x4,2x3,2x6,1x6,1x8,4x2,2x4x1x1,2x4x1x0x1,2x4x1x0x0x1,2x4x1x4x0x0x1x0,2x4x1x4x0x0x1x1x0,"
-                      "2x4x1x4x0x0x1x1x1,2x4x1x4x0x0x1x1x1x1"),
+                      "2x4x1x4x0x0x1x1x1"),
                      "verify_table",
                      lambda kv: dict(has_lut=False, check_token=False, has_real_kv=kv, contexts=1,
                                      flat32=B.kernel_specs.FLAT32)),

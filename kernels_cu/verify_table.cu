@@ -160,14 +160,6 @@ static_assert(KVC_CONTEXTS >= 1 && KVC_CONTEXTS <= kvc::kMaxContexts, "contexts 
 #define KVC_VT_HASH_ILP 1
 #define KVC_VT_HASH_ILP_64 0
 #define KVC_VT_HASHES_FIRST (KVC_FLAT32 ? KVC_VT_HASH_ILP : KVC_VT_HASH_ILP_64)  // the one of this module's width
-// 1: a warp's first step in a tile whose first entry is its lead (KVC_VT_LEAD_ENTRY) and whose entries all lie in one
-// row is taken as a step inside one row (KVC_VT_STEP_IN_ROW), the lead's own predecessor left unknown as elsewhere
-// (it is not checked), rather than by the per-entry row search. At A (ranges of four steps, nearly all inside one
-// row) that is a quarter of the steps. Prepared and off: not yet timed (bench/tune_geometry.py's tenth number).
-// Statically (nvcc 13.0, sm_90) the A NONE 32-bit module: 56 -> 54 registers, 2,400 -> 2,416 instructions, no
-// spill. The 32-bit modules only: in the 64-bit ones two check-token modules would spill 8 bytes. Not with
-// KVC_VT_IN_ROW_SPLIT, whose copy of a step inside one row has no lead.
-#define KVC_VT_LEAD_IN_ROW 0
 
 // The 32-bit modules (KVC_FLAT32 = 1; kvcanary/ops/cuda/verify_table.py chooses them): a per-position table (not
 // paged) whose rows hold at most this many positions, contexts of at most KVC_VT_FLAT32_MAX_SLOTS slots and record
@@ -206,8 +198,6 @@ constexpr bool kVtCarry = !KVC_HAS_REAL_KV;
 // 8 % faster in a graph, docs/BENCHMARKS.md, 2026-12-04).
 constexpr bool kVtEarlyLoads = KVC_HAS_REAL_KV != 0;
 constexpr bool kVtLead = kVtCarry && KVC_VT_LEAD_ENTRY;  // see KVC_VT_LEAD_ENTRY
-// See KVC_VT_LEAD_IN_ROW.
-constexpr bool kVtLeadInRow = KVC_VT_LEAD_IN_ROW && kVtLead && KVC_FLAT32 && !KVC_VT_IN_ROW_SPLIT;
 static_assert(!(kVtLead && kVtEarlyLoads), "the lead's predecessor is skipped only where it is looked up in place");
 static_assert(kVtTile * (kvc_i64)KVC_VT_FLAT32_MAX_SEQ_LEN + (1LL << 24) <= (1LL << 31), "flat32 tile bound");
 }  // namespace kvc
@@ -661,14 +651,14 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // The step inside one row (warp-uniform): after a step of this tile (base > lo), lane 31's row r0 is the
             // row of entry base - 1, so the row began before this step and every entry's predecessor is lane - 1's
             // (lane 0's the previous step's last); the step is fast when that row and the warp's range both hold it.
+            // (A warp's first step taken so too when it starts at its lead was timed slower at A and B and removed:
+            // KVC_VT_LEAD_IN_ROW, docs/BENCHMARKS.md, 2026-12-07 05:51.)
             bool in_row = false;
             int r0 = 0;
             if (kvc::kVtCarry && !kvc_vt_paged(t)) {
                 const kvc_vt_idx last = base + (kvc::kVtWarpStep - 1);
                 r0 = __shfl_sync(kvc::kFullMask, hint, kvc::kWarpSize - 1);
-                // With kVtLeadInRow also the warp's first step when it starts at its lead: hint is then the row of
-                // entry lo (found by the whole warp, so r0 is too), and the lead needs no predecessor.
-                in_row = (base > lo || (kvc::kVtLeadInRow && ws[kLeadAt] != 0)) && last < s_off[r0 + 1] && last < hi;
+                in_row = base > lo && last < s_off[r0 + 1] && last < hi;
             }
 #else
             constexpr bool in_row = false;
@@ -683,19 +673,14 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
             // Without kVtEarlyLoads and with a per-position table: each entry's table int, loaded in the row loop
             // and turned into its slot after it, so that the step's table loads are in flight together.
             int raw[kvc::kVtUnroll];
-            // Entry 0 (u = 0) of lane 0 is the warp's lead (kVtLead); set here for either branch with kVtLeadInRow,
-            // else in the search branch only.
-            bool lead = kvc::kVtLeadInRow && base == lo && lane == 0 && ws[kLeadAt] != 0;
+            bool lead = false;  // entry 0 (u = 0) of lane 0 is the warp's lead (kVtLead)
             if (in_row) {
                 const kvc_vt_idx pos0 = s_pos0[r0];
                 const kvc_i64 cell0 = s_cell0[r0];
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
-                    en.act[u] = true;
-                    // The lead's predecessor stays unknown (prev 0), as below. Not observable (the lead is not
-                    // checked); it spares lane 0 the carry's shared load in the warp's first step.
-                    en.nb[u] = !(kvc::kVtLeadInRow && u == 0 && lead);
+                    en.act[u] = en.nb[u] = true;
                     en.pos[u] = el + pos0;
                     en.prev[u] = 0;
                     en.exp_tok[u] = kvc::NO_SLOT;
@@ -710,7 +695,7 @@ kvc_verify_from_table(const __grid_constant__ KvcVerifyTableParams p) {
 #endif
             } else {
                 // Entry lo on lane 0 is the lead in the warp's first step of the tile when the tile holds it.
-                if (kvc::kVtLead && !kvc::kVtLeadInRow) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
+                if (kvc::kVtLead) lead = base == lo && lane == 0 && ws[kLeadAt] != 0;
 #pragma unroll
                 for (int u = 0; u < kvc::kVtUnroll; ++u) {
                     const kvc_vt_idx el = base + (kvc_vt_idx)(u * kvc::kWarpSize + lane);
